@@ -1,0 +1,277 @@
+"""Public API: `matmul` (jnp.matmul's contract) and `dot_general` (lax's).
+
+Both reduce the call to the canonical `matmul_p` form (3-D operands with
+transpose flags) without copying operands wherever a reshape suffices, choose
+the kernel (`backend`, `variant`, `config`) once, up front, and check it
+against the problem before anything is traced or compiled.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxgemm import registry
+from jaxgemm.config import KernelConfig
+from jaxgemm.primitive import bind
+from jaxgemm.registry import GemmProblem
+
+# Preference order of `backend="auto"`: the first backend whose kernel accepts
+# the problem runs it. XLA only until the autotuner measures where our
+# kernels win; everything matmul_p does not take (integers, complex, exotic
+# precisions) goes to lax directly, so "auto" accepts whatever jnp.matmul does.
+AUTO_ORDER = ("xla",)
+
+
+def _canonical_precision(precision) -> tuple[lax.Precision, lax.Precision] | None:
+  if precision is None:
+    return None
+  if isinstance(precision, (str, lax.Precision)):
+    precision = (precision, precision)
+  if isinstance(precision, tuple) and len(precision) == 2:
+    try:
+      return tuple(lax.Precision(p) if isinstance(p, str) else p for p in precision)
+    except ValueError:
+      pass
+    if all(isinstance(p, lax.Precision) for p in precision):
+      return precision
+  raise NotImplementedError(
+      f"jaxgemm kernels take precision=None, a lax.Precision or a pair of them; "
+      f"got precision={precision!r} (backend='auto' hands it to lax.dot_general)")
+
+
+def _route(problem: GemmProblem | None, backend: str, variant, config,
+           why_not_canonical: str | None) -> dict[str, Any] | None:
+  """matmul_p's kernel params for `problem`, or None: compute with lax instead.
+
+  None happens only under backend="auto"; a named backend that cannot run the
+  problem raises (NotImplementedError for unsupported features, ValueError or
+  TypeError for bad arguments).
+  """
+  if backend == "auto":
+    if variant is not None or config is not None:
+      raise ValueError(f"variant= and config= pick a kernel within a named backend; "
+                       f"got backend='auto' with {variant=}, {config=}. "
+                       f"Name one of {list(registry.backends())}.")
+    if problem is None:
+      return None
+    for name in AUTO_ORDER:
+      b = registry.get_backend(name)
+      if b.unavailable_reason() is not None:
+        continue
+      chosen_variant = b.best_variant
+      chosen_config = b.default_config(problem, chosen_variant)
+      try:
+        b.check(problem, chosen_variant, chosen_config)
+      except NotImplementedError:
+        continue
+      return dict(backend=name, variant=chosen_variant, config=chosen_config)
+    return None
+
+  b = registry.get_backend(backend)
+  reason = b.unavailable_reason()
+  if reason is not None:
+    raise ValueError(f"backend={backend!r} is not usable here: {reason}. "
+                     f"Usable backends: {list(registry.backends())}")
+  chosen_variant = registry.resolve_variant(b, variant)
+  if config is not None and not isinstance(config, b.config_cls):
+    raise TypeError(f"backend={backend!r} takes config={b.config_cls.__name__}(...), "
+                    f"got {type(config).__name__}")
+  if problem is None:
+    raise NotImplementedError(f"backend={backend!r} cannot run this call: "
+                              f"{why_not_canonical}")
+  chosen_config = config if config is not None else b.default_config(problem, chosen_variant)
+  b.check(problem, chosen_variant, chosen_config)
+  return dict(backend=backend, variant=chosen_variant, config=chosen_config)
+
+
+def _dtypes(lhs, rhs, preferred_element_type):
+  dtype = jnp.result_type(lhs, rhs)
+  if not jnp.issubdtype(dtype, jnp.number) and dtype != jnp.bool_:
+    raise TypeError(f"matmul needs numeric operands, got dtypes {lhs.dtype} and {rhs.dtype}")
+  out_dtype = (dtype if preferred_element_type is None
+               else np.dtype(jax.dtypes.canonicalize_dtype(preferred_element_type)))
+  return np.dtype(dtype), np.dtype(out_dtype)
+
+
+def _problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b, precision):
+  """The canonical problem, or None with a reason when matmul_p cannot take it."""
+  if dtype not in registry.FLOAT_DTYPES or out_dtype not in registry.FLOAT_DTYPES:
+    return None, (f"jaxgemm kernels take floating operands {[d.name for d in registry.FLOAT_DTYPES]}; "
+                  f"got dtype={dtype.name}, out dtype={out_dtype.name}")
+  try:
+    precision = _canonical_precision(precision)
+  except NotImplementedError as e:
+    return None, str(e)
+  acc_dtype = np.dtype(np.float64 if np.float64 in (dtype, out_dtype) else np.float32)
+  return GemmProblem(batch, m, n, k, dtype, out_dtype, acc_dtype, trans_a, trans_b,
+                     precision), None
+
+
+def matmul(a, b, *, precision=None, preferred_element_type=None, backend: str = "auto",
+           variant: str | None = None, config: KernelConfig | None = None) -> jax.Array:
+  """`jnp.matmul` on jaxgemm's kernels: same results, dtypes, shapes and errors.
+
+  Args:
+    a, b: arrays of rank >= 1. 1-D operands and broadcast batch dimensions
+      follow numpy.matmul's rules.
+    precision: None, a `lax.Precision` (or its name) or a pair of them. For
+      float32 operands, DEFAULT uses TF32 tensor cores on GPU and HIGHEST (or
+      HIGH) exact fp32.
+    preferred_element_type: the result dtype (accumulation is float32, or
+      float64 for float64 problems).
+    backend: "auto" (the fastest known choice; `lax.dot_general` for whatever
+      the kernels do not take), or one of `jaxgemm.backends()`.
+    variant: a kernel of the backend, one of `jaxgemm.variants(backend)`;
+      None picks the backend's best.
+    config: the backend's config dataclass, e.g. `jaxgemm.TritonConfig(...)`;
+      None picks one for the problem.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxgemm
+    >>> a = jnp.ones((4, 8, 16)); b = jnp.ones((16, 32))
+    >>> jaxgemm.matmul(a, b, backend="xla").shape
+    (4, 8, 32)
+    >>> jax.grad(lambda a: jaxgemm.matmul(a, b).sum())(a).shape
+    (4, 8, 16)
+  """
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  for i, x in enumerate((a, b)):
+    if x.ndim < 1:
+      raise ValueError(f"matmul input operand {i} must have ndim at least 1, "
+                       f"but it has ndim {x.ndim}")
+  dtype, out_dtype = _dtypes(a, b, preferred_element_type)
+
+  a2 = a[None, :] if a.ndim == 1 else a
+  b2 = b[:, None] if b.ndim == 1 else b
+  (m, k), (k_b, n) = a2.shape[-2:], b2.shape[-2:]
+  if k != k_b:
+    raise TypeError(f"matmul contracting dimensions differ: a.shape={a.shape} has "
+                    f"K={k}, b.shape={b.shape} has K={k_b}")
+  try:
+    batch_shape = jnp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+  except ValueError as e:
+    raise ValueError(f"matmul batch dimensions do not broadcast: a.shape={a.shape}, "
+                     f"b.shape={b.shape}") from e
+  out_shape = (*batch_shape, *((m,) if a.ndim > 1 else ()), *((n,) if b.ndim > 1 else ()))
+
+  # b shared across the batch (as in x @ W): fold a's batch into M, one GEMM.
+  b_is_shared = math.prod(b2.shape[:-2]) == 1
+  batch = 1 if b_is_shared else math.prod(batch_shape)
+  rows = m * math.prod(batch_shape) if b_is_shared else m
+  problem, why_not = _problem(batch, rows, n, k, dtype, out_dtype, False, False, precision)
+  route = _route(problem, backend, variant, config, why_not)
+  if route is None:
+    return jnp.matmul(a, b, precision=precision,
+                      preferred_element_type=preferred_element_type)
+
+  a2, b2 = a2.astype(dtype), b2.astype(dtype)
+  if b_is_shared:
+    a3 = jnp.broadcast_to(a2, (*batch_shape, m, k)).reshape(1, rows, k)
+    b3 = b2.reshape(1, k, n)
+  else:
+    a3 = jnp.broadcast_to(a2, (*batch_shape, m, k)).reshape(batch, m, k)
+    b3 = jnp.broadcast_to(b2, (*batch_shape, k, n)).reshape(batch, k, n)
+  out = bind(a3, b3, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
+             precision=problem.precision, **route)
+  return out.reshape(out_shape)
+
+
+def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):
+  """(trans_a, trans_b, batch_dims, m_dims, n_dims), or a reason it does not fit.
+
+  It fits when batch dimensions lead both operands in the same order, each side
+  contracts exactly one dimension, and that dimension sits at either end of the
+  side's remaining (free) dimensions, so that the free dimensions flatten into
+  M (or N) with a reshape and the contracting position becomes a transpose flag.
+  """
+  (lc, rc), (lb, rb) = dimension_numbers
+  lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
+  nb = len(lb)
+  if len(lc) != 1 or len(rc) != 1:
+    return None, f"it contracts {len(lc)} dimension(s); jaxgemm kernels contract exactly one"
+  if lb != tuple(range(nb)) or rb != tuple(range(nb)):
+    return None, (f"batch dimensions {lb} x {rb} are not the leading dimensions of "
+                  f"both operands")
+  (c_l,), (c_r,) = lc, rc
+  if c_l == len(lhs_shape) - 1:
+    trans_a = False
+  elif c_l == nb:
+    trans_a = True
+  else:
+    return None, f"lhs contracting dimension {c_l} is not first or last after the batch dims"
+  if c_r == nb:
+    trans_b = False
+  elif c_r == len(rhs_shape) - 1:
+    trans_b = True
+  else:
+    return None, f"rhs contracting dimension {c_r} is not first or last after the batch dims"
+  m_dims = tuple(d for d in range(nb, len(lhs_shape)) if d != c_l)
+  n_dims = tuple(d for d in range(nb, len(rhs_shape)) if d != c_r)
+  return (trans_a, trans_b, lb, m_dims, n_dims), None
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                out_sharding=None, *, backend: str = "auto", variant: str | None = None,
+                config: KernelConfig | None = None) -> jax.Array:
+  """`lax.dot_general` on jaxgemm's kernels, with the same signature and result.
+
+  Pass it as the `dot_general=` of model layers (e.g. flax's `nn.Dense`).
+  Dimension numbers whose batch dimensions lead both operands and which
+  contract one dimension at either end of each side run on `matmul_p`;
+  others run on `lax.dot_general` under backend="auto" and raise
+  NotImplementedError for a named backend.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxgemm
+    >>> x = jnp.ones((2, 5, 8)); w = jnp.ones((8, 3))
+    >>> jaxgemm.dot_general(x, w, (((2,), (0,)), ((), ())), backend="xla").shape
+    (2, 5, 3)
+  """
+  lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+  (lc, rc), (lb, rb) = dimension_numbers
+  for side, shape, dims in (("lhs", lhs.shape, (*lc, *lb)), ("rhs", rhs.shape, (*rc, *rb))):
+    bad = [d for d in dims if not 0 <= int(d) < len(shape)]
+    if bad:
+      raise ValueError(f"dot_general {side} dimension(s) {bad} out of range for "
+                       f"{side}.shape={shape}")
+  if len(lc) != len(rc) or len(lb) != len(rb):
+    raise TypeError(f"dot_general needs as many lhs as rhs dimensions of each kind; "
+                    f"got dimension_numbers={dimension_numbers}")
+  for what, ldims, rdims in (("contracting", lc, rc), ("batch", lb, rb)):
+    lsizes = tuple(lhs.shape[d] for d in ldims)
+    rsizes = tuple(rhs.shape[d] for d in rdims)
+    if lsizes != rsizes:
+      raise TypeError(f"dot_general {what} dimensions differ: lhs.shape={lhs.shape} has "
+                      f"{lsizes} at {tuple(ldims)}, rhs.shape={rhs.shape} has {rsizes} "
+                      f"at {tuple(rdims)}")
+
+  dtype, out_dtype = _dtypes(lhs, rhs, preferred_element_type)
+  layout, why_not = _dot_general_layout(lhs.shape, rhs.shape, dimension_numbers)
+  problem = None
+  if layout is not None and out_sharding is not None:
+    layout, why_not = None, "out_sharding is not supported"
+  if layout is not None:
+    trans_a, trans_b, batch_dims, m_dims, n_dims = layout
+    batch = math.prod(lhs.shape[d] for d in batch_dims)
+    m = math.prod(lhs.shape[d] for d in m_dims)
+    n = math.prod(rhs.shape[d] for d in n_dims)
+    k = lhs.shape[lc[0]]
+    problem, why_not = _problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b, precision)
+  route = _route(problem, backend, variant, config, why_not)
+  if route is None:
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                           preferred_element_type=preferred_element_type,
+                           out_sharding=out_sharding)
+  a3 = lhs.astype(dtype).reshape(problem.a_shape)
+  b3 = rhs.astype(dtype).reshape(problem.b_shape)
+  out = bind(a3, b3, trans_a=trans_a, trans_b=trans_b, out_dtype=out_dtype,
+             acc_dtype=problem.acc_dtype, precision=problem.precision, **route)
+  out_shape = (*(lhs.shape[d] for d in batch_dims), *(lhs.shape[d] for d in m_dims),
+               *(rhs.shape[d] for d in n_dims))
+  return out.reshape(out_shape)
