@@ -1,0 +1,203 @@
+"""The `pallas` backend: a Hopper GEMM ladder in Pallas Mosaic GPU.
+
+Kernels live in `jaxgemm.kernels.pallas`, one module per rung:
+
+1. `basic`: one output tile per CTA, TMA -> swizzled SMEM -> wgmma, no overlap.
+2. `pipelined`: a multi-stage TMA/wgmma pipeline (`plgpu.emit_pipeline`).
+3. `warp_specialized`: persistent (one CTA per SM, L2-friendly tile order),
+   a producer warpgroup feeding two consumer warpgroups, a tiled epilogue
+   whose stores overlap the next tile's main loop.
+4. `clusters`: rung 3 on 2-CTA clusters; the operand tile both CTAs share is
+   TMA-multicast to both.
+
+On `cuda` the kernels compile through Mosaic GPU (sm_90a); on `cpu` the very
+same kernels run in the Mosaic GPU interpreter (slow: small problems only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgemm import registry
+from jaxgemm.config import KernelConfig, check, int_range, power_of_two
+from jaxgemm.registry import GemmProblem
+
+VARIANTS = ("basic",)
+# Variants whose CTA tile is split along M between two consumer warpgroups.
+_TWO_CONSUMERS = ("warp_specialized", "clusters")
+_SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
+_IN_DTYPES = (jnp.bfloat16, jnp.float16)
+_OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasConfig(KernelConfig):
+  """Tiling and scheduling of the Pallas Mosaic GPU kernels.
+
+  tile_m, tile_n, tile_k: the CTA's output tile and K step. In the
+    two-consumer rungs each consumer warpgroup owns tile_m / 2 rows.
+  max_concurrent_steps: pipeline stages (SMEM buffers per operand); rung 1
+    has one stage and ignores it.
+  grid_minor_m, grid_group: the persistent rungs' tile order: bands of
+    `grid_group` tiles along M (grid_minor_m) or N, walked in a snake.
+  cluster_m, cluster_n: the cluster shape of rung 4 (one of them 2): CTAs of
+    a cluster along M share B's tile, along N share A's, multicast by TMA.
+  epi_tile_n: columns per epilogue store in the persistent rungs.
+  """
+
+  backend = "pallas"
+
+  tile_m: int = power_of_two(64, 256, default=128)
+  tile_n: int = power_of_two(16, 256, default=128)
+  tile_k: int = power_of_two(16, 128, default=64)
+  max_concurrent_steps: int = int_range(1, 8, default=4)
+  grid_minor_m: bool = check(lambda v: True, "a bool", default=False)
+  grid_group: int = int_range(1, 64, default=8)
+  cluster_m: int = int_range(1, 2, default=1)
+  cluster_n: int = int_range(1, 2, default=1)
+  epi_tile_n: int = power_of_two(16, 256, default=64)
+
+
+def _pow2_at_least(x: int, lo: int, hi: int) -> int:
+  p = lo
+  while p < x and p < hi:
+    p *= 2
+  return p
+
+
+def _mosaic_gpu_error() -> str | None:
+  try:
+    from jax.experimental.pallas import mosaic_gpu  # noqa: F401, PLC0415
+  except Exception as e:  # noqa: BLE001 (ImportError, or a broken plugin)
+    return f"jax.experimental.pallas.mosaic_gpu does not import ({type(e).__name__}: {e})"
+  return None
+
+
+def smem_bytes(problem: GemmProblem, variant: str, config: PallasConfig) -> dict[str, int]:
+  """Shared memory the variant allocates for `config`, by buffer."""
+  tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+  item = np.dtype(problem.dtype).itemsize
+  out_item = np.dtype(problem.out_dtype).itemsize
+  stages = 1 if variant == "basic" else config.max_concurrent_steps
+  parts = {"a": stages * tm * tk * item, "b": stages * tk * tn * item}
+  if variant in _TWO_CONSUMERS:
+    # Two output slots per consumer warpgroup, each (tm / 2, epi_tile_n).
+    parts["out"] = 2 * 2 * (tm // 2) * min(config.epi_tile_n, tn) * out_item
+  else:
+    parts["out"] = tm * tn * out_item
+  return parts
+
+
+class PallasBackend(registry.Backend):
+  name = "pallas"
+  config_cls = PallasConfig
+  variants = VARIANTS
+
+  def unavailable_reason(self) -> str | None:
+    return _mosaic_gpu_error()
+
+  def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
+    registry.require_dtypes(problem, f"backend='pallas' variant={variant!r}", _IN_DTYPES)
+    if np.dtype(problem.out_dtype) not in tuple(map(np.dtype, _OUT_DTYPES)):
+      raise NotImplementedError(
+          f"backend='pallas' writes bfloat16, float16 or float32 results; got "
+          f"out_dtype={np.dtype(problem.out_dtype).name}")
+    if np.dtype(problem.acc_dtype) != np.float32:
+      raise NotImplementedError(
+          f"backend='pallas' accumulates in float32; got "
+          f"acc_dtype={np.dtype(problem.acc_dtype).name}")
+    reason = _mosaic_gpu_error()
+    if reason is not None:
+      raise NotImplementedError(f"backend='pallas' needs Mosaic GPU: {reason}")
+    if variant not in VARIANTS:
+      raise ValueError(f"unknown variant={variant!r} for backend='pallas'; "
+                       f"valid variants: {list(VARIANTS)}")
+    if not isinstance(config, PallasConfig):
+      raise TypeError(f"backend='pallas' takes a PallasConfig, got {type(config).__name__}")
+    tile_m, tile_n, epi_tile_n = config.tile_m, config.tile_n, config.epi_tile_n
+    if variant in _TWO_CONSUMERS:
+      if tile_m < 128:
+        raise ValueError(f"variant={variant!r} splits tile_m between two consumer "
+                         f"warpgroups of >= 64 rows each: {tile_m=} must be >= 128")
+      if tile_n % epi_tile_n != 0 and epi_tile_n < tile_n:
+        raise ValueError(f"{tile_n=} must be divisible by {epi_tile_n=}")
+    if variant == "clusters":
+      if config.cluster_m * config.cluster_n != 2:
+        raise ValueError(f"variant='clusters' runs 2-CTA clusters: exactly one of "
+                         f"cluster_m={config.cluster_m}, cluster_n={config.cluster_n} "
+                         f"must be 2")
+    elif (config.cluster_m, config.cluster_n) != (1, 1):
+      raise ValueError(f"variant={variant!r} does not use clusters; got "
+                       f"cluster_m={config.cluster_m}, cluster_n={config.cluster_n}")
+    parts = smem_bytes(problem, variant, config)
+    total = sum(parts.values())
+    if total > _SMEM_CAPACITY_BYTES:
+      detail = " + ".join(f"{k}={v}" for k, v in parts.items())
+      raise ValueError(
+          f"backend='pallas' variant={variant!r} with tile_m={tile_m}, tile_n={tile_n}, "
+          f"tile_k={config.tile_k}, max_concurrent_steps={config.max_concurrent_steps} "
+          f"needs {total} bytes of shared memory ({detail}), more than the "
+          f"{_SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; lower tile_k, the "
+          f"tiles or max_concurrent_steps")
+
+  def default_config(self, problem: GemmProblem, variant: str) -> PallasConfig:
+    m, n = problem.m, problem.n
+    if variant in _TWO_CONSUMERS:
+      tile_m, tile_n, stages = 256, 128, 4
+      if np.dtype(problem.out_dtype).itemsize == 4:
+        stages = 3   # f32 epilogue slots take the fourth stage's room
+      tile_m = _pow2_at_least(m, 128, tile_m)
+    else:
+      tile_m, tile_n, stages = 128, 128, 4
+      tile_m = _pow2_at_least(m, 64, tile_m)
+    tile_n = _pow2_at_least(n, 16, tile_n)
+    tile_k = _pow2_at_least(problem.k, 32, 64)
+    # Skinny problems: smaller N tiles so that every SM gets work.
+    tiles = problem.batch * -(-m // tile_m) * -(-n // tile_n)
+    if tiles < 132 and tile_n > 64:
+      tile_n = 64
+    cluster_m = cluster_n = 1
+    if variant == "clusters":
+      # Pair CTAs along the longer tile dimension of the grid.
+      if -(-m // tile_m) >= -(-n // tile_n):
+        cluster_m = 2
+      else:
+        cluster_n = 2
+    return PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
+                        max_concurrent_steps=stages, cluster_m=cluster_m,
+                        cluster_n=cluster_n, epi_tile_n=min(64, tile_n))
+
+  def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):
+    if platform not in ("cuda", "cpu"):
+      raise NotImplementedError(f"backend='pallas' runs on cuda (or the cpu "
+                                f"interpreter), not {platform!r}")
+    module = importlib.import_module(f"jaxgemm.kernels.pallas.{variant}")
+    kernel_fn = getattr(module, variant)
+    interpret = platform == "cpu"
+
+    def pallas_matmul(a, b):
+      return kernel_fn(a, b, problem, config, interpret=interpret)
+
+    if not interpret:
+      return pallas_matmul
+    # The interpreter simulates TMA, barriers and wgmma with *ordered* io
+    # callbacks, whose effect tokens a primitive's lowering (matmul_p is
+    # effect-free) cannot thread through. So on the CPU the interpreted kernel
+    # is compiled on its own and called from a pure callback: the same kernel,
+    # and matmul_p stays pure for jit, grad and vmap.
+    run = jax.jit(pallas_matmul)
+
+    def interpreted(a, b):
+      return jax.pure_callback(
+          lambda a, b: np.asarray(run(a, b)),
+          jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype), a, b)
+
+    return interpreted
+
+
+registry.register(PallasBackend())

@@ -1,0 +1,333 @@
+"""Helpers shared by every rung of the Pallas Mosaic GPU GEMM ladder.
+
+One place for what all rungs need the same way:
+
+* version shims (jax 0.10.2 on CPU/CI, 0.11.2 on the GPU machine): the GPU
+  interpreter's params class and the SM count;
+* swizzled shared-memory layouts (`smem_transforms`) for 16-bit operands;
+* operand blocks for both transpose flags (`a_block`, `b_block` slice the GMEM
+  ref as stored, `a_operand`, `b_operand` give wgmma its (tm, tk) / (tk, tn)
+  view of the SMEM tile through `plgpu.transpose_ref`);
+* `pad_minor_to_tma` / `run_padded`: TMA descriptors need 16-byte aligned
+  row strides, so a contiguous dimension that is not a multiple of 8 elements
+  is zero-padded once in the wrapper; every other raggedness (M, N, K not
+  multiples of the tiles) is left to TMA, which zero-fills out-of-bounds loads
+  and skips out-of-bounds stores, so no kernel needs a tail path;
+* `tile_coords`: the L2-friendly tile order of the persistent rungs;
+* `smem_bytes`: what a config puts in shared memory, checked before launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+# Hopper: 227 KiB of shared memory per CTA (the opt-in maximum of sm_90).
+SMEM_CAPACITY_BYTES = 227 * 1024
+# TMA wants 16-byte aligned global strides: 8 elements of a 16-bit dtype.
+TMA_ALIGN_BYTES = 16
+
+
+# ---------------------------------------------------------------- version shims
+
+def interpret_params() -> Any:
+  """The Mosaic GPU interpreter's params, to pass as `plgpu.kernel(interpret=)`.
+
+  The class moved between releases (jax 0.10.2 has it only under
+  `jax._src.pallas.mosaic_gpu.interpret.params`). Out-of-bounds reads return
+  zeros, as TMA's zero fill does on the GPU, so the interpreter runs the very
+  kernels whose ragged edges rely on it. (`interpret=True` would pick the plain
+  HLO interpreter, which knows nothing of TMA, barriers or wgmma.)
+  """
+  _patch_interpreter()
+  cls = getattr(plgpu, "InterpretGPUParams", None) or getattr(plgpu, "InterpretParams", None)
+  if cls is None:
+    from jax._src.pallas.mosaic_gpu.interpret import params as _params  # noqa: PLC0415
+    cls = _params.InterpretGPUParams
+  return cls(out_of_bounds_reads="uninitialized", uninitialized_memory="zero")
+
+
+@functools.cache
+def _patch_interpreter() -> None:
+  """Teaches the Mosaic GPU interpreter two things the hardware does.
+
+  Seen in jax 0.10.2's interpreter (`gpu_callbacks`), both gaps against what
+  the GPU does with the same kernel:
+  1. `wgmma` reads its operands through NDIndexer transforms only and fails on
+     `plgpu.transpose_ref` (AttributeError: 'TransposeTransform' object has no
+     attribute 'indices'), yet wgmma reads MN-major 16-bit operands natively:
+     the transposed-operand GEMMs (trans_a, trans_b) need it.
+  2. `copy_smem_to_gmem` drops a TMA store that is partly out of bounds
+     entirely, where TMA writes the in-bounds part: ragged edge tiles need it.
+  Both replacements do the same work as the originals plus that. When the
+  interpreter's internals differ (another jax), nothing is patched.
+  """
+  try:
+    from jax._src.pallas.mosaic.interpret import utils as iutils  # noqa: PLC0415
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks as gc  # noqa: PLC0415
+    from jax._src.state.types import TransposeTransform  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    key_cls, noop = gc.HostAllocationKey, gc.NOOP_TRANSFORMS
+    shared_memory, logging_info_cls = gc._get_shared_memory, iutils.GPULoggingInfo
+    orig_wgmma, orig_store = gc.wgmma, gc.copy_smem_to_gmem
+  except (ImportError, AttributeError):
+    return
+
+  def split(transforms):
+    """(NDIndexer-only transforms, permutation to apply after the read or None)."""
+    kept, perm = [], None
+    for t in transforms:
+      if isinstance(t, noop):
+        continue
+      if isinstance(t, TransposeTransform):
+        p = tuple(t.permutation)
+        perm = p if perm is None else tuple(perm[i] for i in p)
+      else:
+        if perm is not None:  # an index after a transpose: leave it to jax
+          raise NotImplementedError
+        kept.append(t)
+    return tuple(kept), perm
+
+  def read(mem, key_arr, transforms, tid, info):
+    transforms, perm = split(jax.tree.map(int, transforms))
+    val, _, _ = mem.get_buffer_content(key_cls.from_array(key_arr),
+                                       iutils.to_range(transforms), tid, logging_info=info)
+    return val if perm is None else np.transpose(val, perm)
+
+  def wgmma(*, token, device_id, grid_point_coords, thread_id, acc_allocation_key_as_array,
+            acc_transforms, acc_dtype, a_allocation_key_as_array, a_transforms,
+            b_allocation_key_as_array, b_transforms, source_info=None):
+    try:
+      split(jax.tree.map(int, a_transforms)), split(jax.tree.map(int, b_transforms))
+    except NotImplementedError:
+      transposed = False
+    else:
+      transposed = any(isinstance(t, TransposeTransform)
+                       for t in (*a_transforms, *b_transforms))
+    if not transposed:
+      return orig_wgmma(
+          token=token, device_id=device_id, grid_point_coords=grid_point_coords,
+          thread_id=thread_id, acc_allocation_key_as_array=acc_allocation_key_as_array,
+          acc_transforms=acc_transforms, acc_dtype=acc_dtype,
+          a_allocation_key_as_array=a_allocation_key_as_array, a_transforms=a_transforms,
+          b_allocation_key_as_array=b_allocation_key_as_array, b_transforms=b_transforms,
+          source_info=source_info)
+    mem = shared_memory()
+    tid = mem.get_global_thread_id(int(device_id), int(thread_id))
+    info = logging_info_cls(device_id=int(device_id),
+                            grid_point_coords=tuple(int(x) for x in grid_point_coords),
+                            thread_id=int(thread_id), source_info=source_info)
+    a = read(mem, a_allocation_key_as_array, a_transforms, tid, info)
+    b = read(mem, b_allocation_key_as_array, b_transforms, tid, info)
+    acc_key = key_cls.from_array(acc_allocation_key_as_array)
+    acc_range = iutils.to_range(split(jax.tree.map(int, acc_transforms))[0])
+    acc, _, _ = mem.get_buffer_content(acc_key, acc_range, tid, logging_info=info)
+    mem.store_buffer_content(acc_key, acc_range, acc + np.matmul(a, b, dtype=acc_dtype),
+                             tid, logging_info=info)
+    return token
+
+  def copy_smem_to_gmem(*, token, dst_allocation_key_as_array, dst_transforms,
+                        predicate, reduction_op, **kwargs):
+    # Run the original; if its store was dropped as out of bounds, write the
+    # in-bounds part, as TMA does.
+    result = orig_store(token=token, dst_allocation_key_as_array=dst_allocation_key_as_array,
+                        dst_transforms=dst_transforms, predicate=predicate,
+                        reduction_op=reduction_op, **kwargs)
+    mem = shared_memory()
+    dst_key = key_cls.from_array(dst_allocation_key_as_array)
+    dst_range = iutils.to_range(split(jax.tree.map(int, dst_transforms))[0])
+    with mem.lock:
+      buf = mem.mem[dst_key]
+      rnge = buf._normalize_range(dst_range)
+      partial = iutils.is_range_out_of_bounds_for_shape(rnge, buf.shape)
+    if partial:
+      src_key = key_cls.from_array(kwargs["src_allocation_key_as_array"])
+      src_range = iutils.to_range(split(jax.tree.map(int, kwargs["src_transforms"]))[0])
+      tid = mem.get_global_thread_id(int(kwargs["device_id"]), int(kwargs["thread_id"]))
+      val, _, _ = mem.get_buffer_content(src_key, src_range, tid)
+      with mem.lock:
+        mem.mem[dst_key].set_in_bounds_portion(dst_range, val)
+    return result
+
+  gc.wgmma = wgmma
+  gc.copy_smem_to_gmem = copy_smem_to_gmem
+
+
+def num_sms(interpret: bool) -> int:
+  """SMs on the device (132 on an H200); a small grid in the interpreter.
+
+  The interpreter simulates every CTA in turn on the CPU, so a persistent
+  kernel there gets 2 CTAs: enough to exercise the tile loop's striding.
+  """
+  if interpret:
+    return 2
+  device = jax.devices()[0]
+  return getattr(device, "core_count", None) or 132
+
+
+# ---------------------------------------------------------------- layouts
+
+def swizzle_bytes(minor_elems: int, dtype) -> int:
+  """The largest wgmma-compatible swizzle for a minor dimension of `minor_elems`."""
+  return plgpu.find_swizzle(minor_elems * jnp.dtype(dtype).itemsize * 8)
+
+
+def smem_transforms(minor_elems: int, dtype) -> tuple[Any, ...]:
+  """(8, swizzle) tiling + swizzle: the SMEM layout wgmma and TMA both read."""
+  swizzle = swizzle_bytes(minor_elems, dtype)
+  swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
+  return (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
+
+
+def a_tile_shape(tm: int, tk: int, trans_a: bool) -> tuple[int, int]:
+  """A's SMEM tile as stored: (tm, tk), or (tk, tm) when A is stored (K, M)."""
+  return (tk, tm) if trans_a else (tm, tk)
+
+
+def b_tile_shape(tk: int, tn: int, trans_b: bool) -> tuple[int, int]:
+  """B's SMEM tile as stored: (tk, tn), or (tn, tk) when B is stored (N, K)."""
+  return (tn, tk) if trans_b else (tk, tn)
+
+
+def a_smem_type(tm: int, tk: int, dtype, trans_a: bool, *lead: int):
+  shape = a_tile_shape(tm, tk, trans_a)
+  return plgpu.SMEM((*lead, *shape), dtype, transforms=smem_transforms(shape[1], dtype))
+
+
+def b_smem_type(tk: int, tn: int, dtype, trans_b: bool, *lead: int):
+  shape = b_tile_shape(tk, tn, trans_b)
+  return plgpu.SMEM((*lead, *shape), dtype, transforms=smem_transforms(shape[1], dtype))
+
+
+def out_smem_type(tm: int, tn: int, dtype, *lead: int):
+  return plgpu.SMEM((*lead, tm, tn), dtype, transforms=smem_transforms(tn, dtype))
+
+
+def a_block(a_gmem, m_start, k_start, tm: int, tk: int, trans_a: bool):
+  """The (2-D, as stored) GMEM block of A holding rows [m_start, +tm), K [k_start, +tk)."""
+  if trans_a:
+    return a_gmem.at[pl.ds(k_start, tk), pl.ds(m_start, tm)]
+  return a_gmem.at[pl.ds(m_start, tm), pl.ds(k_start, tk)]
+
+
+def b_block(b_gmem, k_start, n_start, tk: int, tn: int, trans_b: bool):
+  if trans_b:
+    return b_gmem.at[pl.ds(n_start, tn), pl.ds(k_start, tk)]
+  return b_gmem.at[pl.ds(k_start, tk), pl.ds(n_start, tn)]
+
+
+def a_operand(a_smem, trans_a: bool):
+  """wgmma's (tm, tk) view of A's SMEM tile: 16-bit wgmma reads K-major or MN-major."""
+  return plgpu.transpose_ref(a_smem, (1, 0)) if trans_a else a_smem
+
+
+def b_operand(b_smem, trans_b: bool):
+  return plgpu.transpose_ref(b_smem, (1, 0)) if trans_b else b_smem
+
+
+def a_block_spec_args(tm: int, tk: int, trans_a: bool):
+  """(block_shape, index_map(mi, ki)) of A for emit_pipeline-style BlockSpecs."""
+  if trans_a:
+    return (tk, tm), lambda mi, ki: (ki, mi)
+  return (tm, tk), lambda mi, ki: (mi, ki)
+
+
+def b_block_spec_args(tk: int, tn: int, trans_b: bool):
+  if trans_b:
+    return (tn, tk), lambda ni, ki: (ni, ki)
+  return (tk, tn), lambda ni, ki: (ki, ni)
+
+
+def smem_bytes(*buffers: tuple[tuple[int, ...], Any]) -> int:
+  """Bytes of the SMEM buffers given as (shape, dtype) pairs."""
+  return sum(math.prod(shape) * jnp.dtype(dtype).itemsize for shape, dtype in buffers)
+
+
+# ---------------------------------------------------------------- tile order
+
+def tile_coords(lin_idx, m_tiles: int, n_tiles: int, batch: int, grid_minor_m: bool,
+                group: int):
+  """(batch, m tile, n tile) of the `lin_idx`-th tile in an L2-friendly order.
+
+  Batch-major (each batch's operands are separate), then `plgpu.planar_snake`
+  within the batch: bands of `group` tiles along the minor dimension walked
+  in a snake, so that CTAs running at the same time share A rows and B
+  columns in L2.
+  """
+  per_batch = m_tiles * n_tiles
+  bi = lax.div(lin_idx, jnp.int32(per_batch))
+  rem = lax.rem(lin_idx, jnp.int32(per_batch))
+  group = max(1, min(group, n_tiles if not grid_minor_m else m_tiles))
+  mi, ni = plgpu.planar_snake(rem, (m_tiles, n_tiles), 0 if grid_minor_m else 1, group)
+  return bi, mi, ni
+
+
+# ---------------------------------------------------------------- wrapper
+
+def _pad_last(x, multiple: int):
+  pad = -x.shape[-1] % multiple
+  if pad == 0:
+    return x
+  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+
+
+def tma_multiple(dtype) -> int:
+  return TMA_ALIGN_BYTES // jnp.dtype(dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  """The kernel's view of the problem after alignment padding."""
+
+  batch: int
+  m: int
+  n: int        # the output's stored width (N rounded up to TMA alignment)
+  k: int        # the padded contracting size (K rounded up where K is minor)
+
+
+def run_padded(kernel_fn, a, b, problem, *, out_dtype):
+  """Calls `kernel_fn(a, b, dims) -> c` on TMA-aligned operands; slices the result.
+
+  Only a contiguous (minor) dimension whose byte size is not a multiple of 16
+  is padded, with zeros (a zero K column of A meets a K row of B that TMA
+  zero-fills, so the sum is unchanged); M, N and K raggedness otherwise stays
+  in the kernel as TMA out-of-bounds handling.
+  """
+  mult = tma_multiple(a.dtype)
+  a = _pad_last(a, mult)
+  b = _pad_last(b, mult)
+  k = max(a.shape[1] if problem.trans_a else a.shape[2],
+          b.shape[2] if problem.trans_b else b.shape[1])
+  n_out = -(-problem.n // tma_multiple(out_dtype)) * tma_multiple(out_dtype)
+  dims = Dims(problem.batch, problem.m, n_out, k)
+  c = kernel_fn(a, b, dims)
+  if n_out != problem.n:
+    c = c[..., :problem.n]
+  return c
+
+
+def cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def store_tile(acc, out_smem, c_gmem_tile):
+  """The basic epilogue: f32 registers -> out dtype in SMEM -> TMA store.
+
+  TMA skips the rows and columns of `c_gmem_tile` past the array's end, so a
+  ragged edge tile needs no mask.
+  """
+  out_smem[...] = acc.astype(out_smem.dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(out_smem, c_gmem_tile)
+
+
+compiler_params = functools.partial(
+    plgpu.CompilerParams, lowering_semantics=plgpu.LoweringSemantics.Warpgroup)

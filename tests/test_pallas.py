@@ -1,0 +1,242 @@
+"""Pallas-specific checks: config validation, the SMEM check, and each rung in
+the Mosaic GPU interpreter on small ragged problems (CPU), plus GPU runs.
+
+The generic checks (every variant through jit/grad/vmap, dtypes, shapes) are
+the shared test base's; here is what only the pallas backend has. CPU time is
+kept small: shapes of ~65x129x33 with 64-wide tiles take well under a second
+per interpreted kernel call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgemm
+from jaxgemm.registry import GemmProblem
+
+pallas = importlib.import_module("jaxgemm.backends.pallas")
+PallasConfig = pallas.PallasConfig
+BACKEND = jaxgemm.registry.get_backend("pallas")
+
+pytestmark = pytest.mark.skipif(BACKEND.unavailable_reason() is not None,
+                                reason=str(BACKEND.unavailable_reason()))
+
+F32 = np.dtype(np.float32)
+
+
+def on_gpu() -> bool:
+  return jax.devices()[0].platform == "gpu"
+
+
+def problem(batch, m, n, k, dtype=jnp.bfloat16, out_dtype=None, trans_a=False,
+            trans_b=False) -> GemmProblem:
+  dtype = np.dtype(dtype)
+  return GemmProblem(batch, m, n, k, dtype, np.dtype(out_dtype or dtype), F32,
+                     trans_a, trans_b)
+
+
+def operands(p: GemmProblem, seed=0):
+  rng = np.random.default_rng(seed)
+  a = jnp.asarray(rng.standard_normal(p.a_shape, np.float32), p.dtype)
+  b = jnp.asarray(rng.standard_normal(p.b_shape, np.float32), p.dtype)
+  return a, b
+
+
+def reference(a, b, p: GemmProblem) -> np.ndarray:
+  a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if p.trans_a:
+    a64 = a64.transpose(0, 2, 1)
+  if p.trans_b:
+    b64 = b64.transpose(0, 2, 1)
+  return a64 @ b64
+
+
+def assert_close(out, ref, p: GemmProblem):
+  """Relative to max|ref|: inputs are exact in f64, the products are summed in
+  f32 (error ~K * 2^-24, negligible here) and the result is rounded once to
+  the output dtype (2^-9 relative for bf16, 2^-12 for fp16). 1e-2 leaves room
+  for that rounding at near-maximal entries and catches any wrong or missing
+  tile contribution (each is O(1) relative)."""
+  out = np.asarray(out, np.float64)
+  assert out.shape == ref.shape, (out.shape, ref.shape)
+  tol = 1e-2 if np.dtype(p.out_dtype).itemsize == 2 else 1e-4
+  err = np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30)
+  assert err < tol, f"{p.describe()}: relative error {err:.3e} >= {tol}"
+
+
+# Small tiles for the interpreter: the two-consumer rungs need tile_m >= 128
+# (64 rows per consumer warpgroup); the others take 64.
+def small_config(variant: str, **overrides) -> PallasConfig:
+  two = variant in ("warp_specialized", "clusters")
+  kw = dict(tile_m=128 if two else 64, tile_n=64, tile_k=32, max_concurrent_steps=2,
+            grid_group=2, epi_tile_n=32)
+  if variant == "clusters":
+    kw["cluster_m"] = 2
+  kw.update(overrides)
+  return PallasConfig(**kw)
+
+
+# ---------------------------------------------------------------- config
+
+def test_variants_in_ladder_order():
+  assert jaxgemm.variants("pallas") == pallas.VARIANTS
+
+
+@pytest.mark.parametrize("field,value", [("tile_m", 96), ("tile_m", 32), ("tile_n", 512),
+                                         ("tile_k", 8), ("max_concurrent_steps", 0),
+                                         ("cluster_m", 3)])
+def test_config_rejects_bad_fields(field, value):
+  with pytest.raises(ValueError, match=f"PallasConfig.{field}={value}"):
+    PallasConfig(**{field: value})
+
+
+def test_config_types_and_json():
+  with pytest.raises(TypeError):
+    PallasConfig(tile_m=128.0)
+  with pytest.raises(TypeError):
+    PallasConfig(grid_minor_m=1)
+  cfg = PallasConfig(tile_m=256, grid_minor_m=True)
+  assert PallasConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_smem_overflow_is_a_clear_error_before_launch():
+  p = problem(1, 4096, 4096, 4096)
+  cfg = PallasConfig(tile_m=256, tile_n=256, tile_k=128, max_concurrent_steps=4)
+  for variant in pallas.VARIANTS:
+    if variant == "clusters":
+      cfg = dataclasses.replace(cfg, cluster_m=2)
+    with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory .* more than the 232448"):
+      BACKEND.check(p, variant, cfg)
+  # The same through the public API: raised before tracing anything.
+  a = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
+  with pytest.raises(ValueError, match="bytes of shared memory"):
+    jax.eval_shape(lambda a: jaxgemm.matmul(a, a, backend="pallas", variant="basic",
+                                            config=cfg), a)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_wide_dtypes_not_implemented(dtype):
+  if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+    p = GemmProblem(1, 64, 64, 64, np.dtype(dtype), np.dtype(dtype), np.dtype(np.float64))
+  else:
+    p = problem(1, 64, 64, 64, dtype)
+  for variant in pallas.VARIANTS:
+    with pytest.raises(NotImplementedError, match="does not support dtype"):
+      BACKEND.check(p, variant, BACKEND.default_config(p, variant))
+
+
+def test_auto_falls_through_for_fp32():
+  a = jnp.ones((8, 8), jnp.float32)
+  assert jaxgemm.matmul(a, a).dtype == jnp.float32
+
+
+def test_variant_specific_config_errors():
+  p = problem(1, 256, 256, 256)
+  if "warp_specialized" in pallas.VARIANTS:
+    with pytest.raises(ValueError, match="tile_m=64 must be >= 128"):
+      BACKEND.check(p, "warp_specialized", PallasConfig(tile_m=64))
+  if "clusters" in pallas.VARIANTS:
+    with pytest.raises(ValueError, match="exactly one of"):
+      BACKEND.check(p, "clusters", PallasConfig(tile_m=128, cluster_m=1, cluster_n=1))
+  with pytest.raises(ValueError, match="does not use clusters"):
+    BACKEND.check(p, "basic", PallasConfig(cluster_m=2))
+
+
+@pytest.mark.parametrize("variant", pallas.VARIANTS)
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 65, 129, 33), (3, 8192, 8192, 8192),
+                                   (1, 128, 8192, 8192), (1, 4095, 4093, 4097)])
+def test_default_config_is_valid_and_clamped(variant, shape):
+  p = problem(*shape)
+  cfg = BACKEND.default_config(p, variant)
+  BACKEND.check(p, variant, cfg)
+  _, m, n, k = shape
+  assert cfg.tile_m <= max(128, 2 * m) and cfg.tile_n <= max(16, 2 * n)
+  assert cfg.tile_k <= max(32, 2 * k)
+
+
+# ---------------------------------------------------------------- interpreter
+
+CASES = [
+    # (batch, m, n, k, trans_a, trans_b, dtype): ragged in every dimension.
+    pytest.param((1, 65, 129, 33, False, False, jnp.bfloat16), id="NN-bf16-65x129x33"),
+    pytest.param((2, 65, 72, 40, True, True, jnp.float16), id="TT-fp16-b2-65x72x40"),
+    pytest.param((1, 130, 64, 70, True, False, jnp.bfloat16), id="TN-bf16-130x64x70"),
+    pytest.param((2, 70, 100, 64, False, True, jnp.float16), id="NT-fp16-b2-70x100x64"),
+]
+
+
+@pytest.mark.parametrize("variant", pallas.VARIANTS)
+@pytest.mark.parametrize("case", CASES)
+def test_interpreter_matches_reference(variant, case):
+  batch, m, n, k, ta, tb, dtype = case
+  p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
+  cfg = small_config(variant)
+  BACKEND.check(p, variant, cfg)
+  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
+  a, b = operands(p)
+  out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
+  assert out.dtype == p.out_dtype
+  assert_close(out, reference(a, b, p), p)
+
+
+def test_interpreter_f32_output():
+  p = problem(1, 65, 40, 33, jnp.bfloat16, out_dtype=jnp.float32)
+  kernel_fn = getattr(importlib.import_module("jaxgemm.kernels.pallas.basic"), "basic")
+  a, b = operands(p)
+  out = kernel_fn(a, b, p, small_config("basic"), interpret=True)
+  assert out.dtype == jnp.float32
+  assert_close(out, reference(a, b, p), p)
+
+
+def test_matmul_p_cpu_lowering_runs_the_interpreter():
+  """jaxgemm.matmul(backend='pallas') on the CPU: matmul_p's cpu lowering, the
+  interpreted kernel, and the backward GEMMs (transpose flags) under grad."""
+  if on_gpu():
+    pytest.skip("the cpu lowering is what this checks")
+  rng = np.random.default_rng(1)
+  a = jnp.asarray(rng.standard_normal((2, 65, 33)), jnp.bfloat16)
+  b = jnp.asarray(rng.standard_normal((2, 33, 72)), jnp.bfloat16)
+  variant = pallas.VARIANTS[0]
+  f = lambda a, b: jaxgemm.matmul(a, b, backend="pallas", variant=variant)
+  out = jax.jit(f)(a, b)
+  p = problem(2, 65, 72, 33)
+  assert_close(out, reference(a, b, p), p)
+  da, db = jax.grad(lambda a, b: f(a, b).astype(jnp.float32).sum(), argnums=(0, 1))(a, b)
+  ones = np.ones((2, 65, 72))
+  a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  pa = problem(2, 65, 33, 72, trans_b=True)
+  assert_close(da, ones @ b64.transpose(0, 2, 1), pa)
+  pb = problem(2, 33, 72, 65, trans_a=True)
+  assert_close(db, a64.transpose(0, 2, 1) @ ones, pb)
+
+
+# ---------------------------------------------------------------- GPU
+
+GPU_SHAPES = [(1, 512, 384, 320), (1, 4095, 4093, 4097), (2, 1000, 520, 777),
+              (1, 128, 2048, 1024)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", pallas.VARIANTS)
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_gpu_default_config_matches_reference(variant, trans, dtype):
+  if not on_gpu():
+    pytest.skip("needs an NVIDIA GPU")
+  for shape in GPU_SHAPES:
+    p = problem(*shape, dtype=dtype, trans_a=trans[0], trans_b=trans[1])
+    a, b = operands(p)
+    out = jaxgemm.matmul_p.bind(
+        a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
+        acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant=variant,
+        config=BACKEND.default_config(p, variant))
+    ref = jax.lax.dot_general(
+        a, b, (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,))),
+        preferred_element_type=jnp.float32)
+    assert_close(out, np.asarray(ref, np.float64), p)
