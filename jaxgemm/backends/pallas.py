@@ -27,7 +27,7 @@ from jaxgemm import registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
 from jaxgemm.registry import GemmProblem
 
-VARIANTS = ("basic",)
+VARIANTS = ("basic", "pipelined")
 # Variants whose CTA tile is split along M between two consumer warpgroups.
 _TWO_CONSUMERS = ("warp_specialized", "clusters")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
