@@ -12,6 +12,7 @@ kernels in `jaxgemm.kernels.<backend>.<variant>` (the repository's `kernels/`).
 
 from jaxgemm import backends as _backends  # noqa: F401 (registers the backends)
 from jaxgemm.api import dot_general, matmul
+from jaxgemm.backends.triton import TritonConfig
 from jaxgemm.backends.xla import XlaConfig
 from jaxgemm.config import KernelConfig
 from jaxgemm.primitive import matmul_p
@@ -20,6 +21,7 @@ from jaxgemm.registry import GemmProblem, backends, variants
 __all__ = [
     "GemmProblem",
     "KernelConfig",
+    "TritonConfig",
     "XlaConfig",
     "backends",
     "dot_general",

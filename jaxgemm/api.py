@@ -49,6 +49,9 @@ def _route(problem: GemmProblem | None, backend: str, variant, config,
            why_not_canonical: str | None) -> dict[str, Any] | None:
   """matmul_p's kernel params for `problem`, or None: compute with lax instead.
 
+  The returned variant and config are the caller's (None when not given);
+  either way the choice is checked against `problem` here, before tracing.
+
   None happens only under backend="auto"; a named backend that cannot run the
   problem raises (NotImplementedError for unsupported features, ValueError or
   TypeError for bad arguments).
@@ -64,13 +67,12 @@ def _route(problem: GemmProblem | None, backend: str, variant, config,
       b = registry.get_backend(name)
       if b.unavailable_reason() is not None:
         continue
-      chosen_variant = b.best_variant
-      chosen_config = b.default_config(problem, chosen_variant)
+      chosen_variant = b.default_variant(problem)
       try:
-        b.check(problem, chosen_variant, chosen_config)
+        b.check(problem, chosen_variant, b.default_config(problem, chosen_variant))
       except NotImplementedError:
         continue
-      return dict(backend=name, variant=chosen_variant, config=chosen_config)
+      return dict(backend=name, variant=None, config=None)
     return None
 
   b = registry.get_backend(backend)
@@ -78,7 +80,7 @@ def _route(problem: GemmProblem | None, backend: str, variant, config,
   if reason is not None:
     raise ValueError(f"backend={backend!r} is not usable here: {reason}. "
                      f"Usable backends: {list(registry.backends())}")
-  chosen_variant = registry.resolve_variant(b, variant)
+  chosen_variant = registry.resolve_variant(b, variant, problem)
   if config is not None and not isinstance(config, b.config_cls):
     raise TypeError(f"backend={backend!r} takes config={b.config_cls.__name__}(...), "
                     f"got {type(config).__name__}")
@@ -87,7 +89,9 @@ def _route(problem: GemmProblem | None, backend: str, variant, config,
                               f"{why_not_canonical}")
   chosen_config = config if config is not None else b.default_config(problem, chosen_variant)
   b.check(problem, chosen_variant, chosen_config)
-  return dict(backend=backend, variant=chosen_variant, config=chosen_config)
+  # What the caller left open (None) is chosen per problem at lowering, so the
+  # backward GEMMs, whose shapes differ, get their own variant and tiles.
+  return dict(backend=backend, variant=variant, config=config)
 
 
 def _dtypes(lhs, rhs, preferred_element_type):

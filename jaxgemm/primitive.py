@@ -8,8 +8,9 @@ Canonical form: a batched product of 3-D operands with a transpose flag each,
 
 so `A^T B` and `A B^T` (the backward GEMMs) run without materialized
 transposes. Params also carry `precision` and the static kernel choice
-(`backend`, `variant`, `config`), which every rule below passes on: the
-gradient of a Triton GEMM is two Triton GEMMs.
+(`backend`, and `variant`/`config`, where None means "the backend's default
+for this shape"), which every rule below passes on: the gradient of a Triton
+GEMM is two Triton GEMMs, each with tiles chosen for its own shape.
 
 Rules: abstract eval (shape and dtype checks), a lowering per platform (the
 backend's GPU kernel on `cuda`, its interpreter on `cpu`), a batching rule and
@@ -66,6 +67,18 @@ def bind(a, b, *, trans_a=False, trans_b=False, out_dtype, acc_dtype,
                        config=config)
 
 
+def resolve_kernel(problem: GemmProblem, params):
+  """(backend, variant, config) for `problem`: the params', or the backend's defaults.
+
+  variant=None and config=None are resolved here, per problem, so that each
+  GEMM of a gradient gets the variant and tiles that suit its own shape.
+  """
+  backend = registry.get_backend(params["backend"])
+  variant = params["variant"] or backend.default_variant(problem)
+  config = params["config"] or backend.default_config(problem, variant)
+  return backend, variant, config
+
+
 def _abstract_eval(a, b, **params):
   problem = problem_of(a, b, **params)
   return jax.core.ShapedArray(problem.out_shape, problem.out_dtype)
@@ -78,8 +91,8 @@ def _lowering(ctx, a, b, *, platform, **params):
     # No kernel for an empty product: K=0 sums nothing, so the answer is zeros.
     impl = lambda a, b: jnp.zeros(problem.out_shape, problem.out_dtype)
   else:
-    backend = registry.get_backend(params["backend"])
-    impl = backend.impl(problem, params["variant"], params["config"], platform)
+    backend, variant, config = resolve_kernel(problem, params)
+    impl = backend.impl(problem, variant, config, platform)
   return mlir.lower_fun(impl, multiple_results=False)(ctx, a, b)
 
 
@@ -132,24 +145,25 @@ def _batch_rule(args, dims, *, trans_a, trans_b, **params):
   bind_ = functools.partial(bind, **params)
   if da is not None and db is not None:
     a, b = jnp.moveaxis(a, da, 0), jnp.moveaxis(b, db, 0)
-    v = a.shape[0]
-    out = bind_(a.reshape(-1, *a.shape[2:]), b.reshape(-1, *b.shape[2:]),
+    v, batch = a.shape[:2]
+    # Explicit sizes, not -1: any of them may be 0 (vmap over an empty axis).
+    out = bind_(a.reshape(v * batch, *a.shape[2:]), b.reshape(v * batch, *b.shape[2:]),
                 trans_a=trans_a, trans_b=trans_b)
-    return out.reshape(v, -1, *out.shape[1:]), 0
+    return out.reshape(v, batch, *out.shape[1:]), 0
   if da is not None:
     # Put the mapped axis right before M in a's storage, then merge the two.
     m_axis = 2 if trans_a else 1
     a = jnp.moveaxis(a, da, m_axis)
-    v = a.shape[m_axis]
-    a = a.reshape(*a.shape[:m_axis], -1, *a.shape[m_axis + 2:])
+    v, m = a.shape[m_axis:m_axis + 2]
+    a = a.reshape(*a.shape[:m_axis], v * m, *a.shape[m_axis + 2:])
     out = bind_(a, b, trans_a=trans_a, trans_b=trans_b)   # (B, V*M, N)
-    return out.reshape(out.shape[0], v, -1, out.shape[2]), 1
+    return out.reshape(out.shape[0], v, m, out.shape[2]), 1
   n_axis = 1 if trans_b else 2
   b = jnp.moveaxis(b, db, n_axis)
-  v = b.shape[n_axis]
-  b = b.reshape(*b.shape[:n_axis], -1, *b.shape[n_axis + 2:])
+  v, n = b.shape[n_axis:n_axis + 2]
+  b = b.reshape(*b.shape[:n_axis], v * n, *b.shape[n_axis + 2:])
   out = bind_(a, b, trans_a=trans_a, trans_b=trans_b)     # (B, M, V*N)
-  return out.reshape(*out.shape[:2], v, -1), 2
+  return out.reshape(*out.shape[:2], v, n), 2
 
 
 matmul_p.def_impl(_impl)

@@ -69,15 +69,21 @@ class GemmProblem:
             + self.batch * self.m * self.n * np.dtype(self.out_dtype).itemsize)
 
   @property
-  def wants_ieee_fp32(self) -> bool:
-    """True when fp32 operands asked for full fp32 (precision=HIGHEST).
+  def fp32_precision(self) -> str | None:
+    """How fp32 operands are multiplied: "tf32", "tf32x3" or "ieee" (None if not fp32).
 
-    jnp.matmul's default for fp32 on GPU is TF32 tensor cores; HIGH is 3-pass
-    bf16 in XLA, which our kernels meet with their exact fp32 path.
+    The most precise of the two operands' precisions wins: DEFAULT is TF32
+    tensor cores (jnp.matmul's default on GPU), HIGH is 3-pass TF32, HIGHEST
+    exact fp32.
     """
-    if np.dtype(self.dtype) != np.float32 or self.precision is None:
-      return False
-    return any(p in (lax.Precision.HIGH, lax.Precision.HIGHEST) for p in self.precision)
+    if np.dtype(self.dtype) != np.float32:
+      return None
+    precisions = self.precision or (lax.Precision.DEFAULT,)
+    if lax.Precision.HIGHEST in precisions:
+      return "ieee"
+    if lax.Precision.HIGH in precisions:
+      return "tf32x3"
+    return "tf32"
 
   def describe(self) -> str:
     t = ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
@@ -100,9 +106,15 @@ class Backend(abc.ABC):
     """None when the backend can run here, else why not (e.g. a missing package)."""
     return None
 
-  @property
-  def best_variant(self) -> str:
-    return self.variants[-1]
+  def default_variant(self, problem: GemmProblem) -> str:
+    """The variant `variant=None` runs: by default the highest rung that takes `problem`."""
+    for variant in reversed(self.variants):
+      try:
+        self.check(problem, variant, self.default_config(problem, variant))
+      except NotImplementedError:
+        continue
+      return variant
+    return self.variants[-1]  # its check raises the reason to the caller
 
   @abc.abstractmethod
   def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
@@ -159,9 +171,9 @@ def variants(backend: str) -> tuple[str, ...]:
   return get_backend(backend).variants
 
 
-def resolve_variant(backend: Backend, variant: str | None) -> str:
+def resolve_variant(backend: Backend, variant: str | None, problem: GemmProblem | None) -> str:
   if variant is None:
-    return backend.best_variant
+    return backend.default_variant(problem) if problem is not None else backend.variants[-1]
   if variant not in backend.variants:
     raise ValueError(f"unknown variant={variant!r} for backend={backend.name!r}; "
                      f"valid variants: {list(backend.variants)}")

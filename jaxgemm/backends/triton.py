@@ -1,0 +1,160 @@
+"""The `triton` backend: the Triton kernel ladder in `jaxgemm.kernels.triton`.
+
+On GPU the kernels are compiled by Triton and called through jax-triton
+(`triton_call.py` explains the integer-specialization layer that restores
+native speed); on CPU the same kernel source runs in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import numpy as np
+
+from jaxgemm import registry
+from jaxgemm.config import KernelConfig, int_range, power_of_two
+from jaxgemm.registry import GemmProblem
+
+# Hopper's opt-in shared memory per block (227 KB), what a config may fill.
+SMEM_BYTES = 227 * 1024
+# Streaming multiprocessors of an H100/H200, for split-K and persistent grids
+# when the device cannot be asked (CPU interpreter runs).
+DEFAULT_NUM_SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonConfig(KernelConfig):
+  """Tiling and launch parameters of a Triton kernel (fields a rung ignores are unused).
+
+  >>> import jaxgemm
+  >>> jaxgemm.TritonConfig(block_m=128, block_n=256, block_k=64, num_warps=8).block_n
+  256
+  """
+
+  backend = "triton"
+  block_m: int = power_of_two(16, 256, default=128)
+  block_n: int = power_of_two(16, 256, default=128)
+  block_k: int = power_of_two(8, 256, default=32)
+  group_m: int = int_range(1, 64, default=8)
+  num_warps: int = power_of_two(1, 16, default=4)
+  num_stages: int = int_range(1, 8, default=3)
+  split_k: int = int_range(1, 64, default=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rung:
+  module: str
+  cuda_cores: bool     # fp32 FMA (any precision) vs tensor cores (16-bit, tf32)
+  uses_smem: bool = True
+  split_k: bool = False
+
+
+_RUNGS = {
+    "naive": _Rung("naive", cuda_cores=True, uses_smem=False),
+    "tiled": _Rung("tiled", cuda_cores=True),
+    "pipelined": _Rung("pipelined", cuda_cores=True),
+    "tensorcore": _Rung("tensorcore", cuda_cores=False),
+    "splitk": _Rung("splitk", cuda_cores=False, split_k=True),
+}
+
+_DTYPES = tuple(map(np.dtype, ("float16", "bfloat16", "float32")))
+
+
+def _pow2_at_least(x: int, lo: int, hi: int) -> int:
+  p = lo
+  while p < x and p < hi:
+    p *= 2
+  return p
+
+
+class TritonBackend(registry.Backend):
+  name = "triton"
+  config_cls = TritonConfig
+  variants = tuple(_RUNGS)
+
+  def unavailable_reason(self) -> str | None:
+    try:
+      import triton  # noqa: F401, PLC0415
+    except ImportError:
+      return "the `triton` package is not installed (pip install 'jaxgemm[triton]')"
+    return None
+
+  def default_variant(self, problem: GemmProblem) -> str:
+    if problem.fp32_precision == "ieee":
+      return "pipelined"
+    if self._split_k_for(problem) > 1:
+      return "splitk"
+    return "tensorcore"
+
+  def _split_k_for(self, problem: GemmProblem) -> int:
+    """K slices that bring the program count near two waves of SMs (1 = no split)."""
+    cfg = self._tile_defaults(problem, "splitk")
+    tiles = problem.batch * -(-problem.m // cfg["block_m"]) * -(-problem.n // cfg["block_n"])
+    split = 1
+    while (tiles * split * 2 <= 2 * DEFAULT_NUM_SMS
+           and problem.k // (split * 2) >= 4 * cfg["block_k"] and split < 16):
+      split *= 2
+    return split
+
+  def _tile_defaults(self, problem: GemmProblem, variant: str) -> dict:
+    wide = np.dtype(problem.dtype).itemsize == 4
+    if variant == "naive":
+      tiles = dict(block_m=32, block_n=32, block_k=8, num_warps=4, num_stages=1, group_m=1)
+    elif variant == "tiled":
+      tiles = dict(block_m=64, block_n=64, block_k=32, num_warps=4, num_stages=1, group_m=1)
+    elif variant == "pipelined":
+      tiles = dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3, group_m=8)
+    elif variant == "splitk":
+      tiles = dict(block_m=64, block_n=64, block_k=32 if wide else 64, num_warps=4,
+                   num_stages=4, group_m=1)
+    else:  # tensor cores: the tile that ran 750 TFLOP/s natively (GPU_NOTES.md)
+      tiles = (dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3, group_m=8)
+               if wide else
+               dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8))
+    # Clamp to the problem: no tile larger than the next power of two over it.
+    min_mn = 16 if _RUNGS[variant].cuda_cores else 64 if problem.m >= 64 else 16
+    tiles["block_m"] = _pow2_at_least(problem.m, min_mn, tiles["block_m"])
+    tiles["block_n"] = _pow2_at_least(problem.n, 16, tiles["block_n"])
+    tiles["block_k"] = _pow2_at_least(problem.k, 16, tiles["block_k"])
+    return tiles
+
+  def default_config(self, problem: GemmProblem, variant: str) -> TritonConfig:
+    tiles = self._tile_defaults(problem, variant)
+    if variant == "splitk":
+      tiles["split_k"] = self._split_k_for(problem)
+    return TritonConfig(**tiles)
+
+  def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
+    rung = _RUNGS[variant]
+    what = f"backend='triton' variant={variant!r}"
+    registry.require_dtypes(problem, what, _DTYPES)
+    if not rung.cuda_cores and problem.fp32_precision == "ieee":
+      raise NotImplementedError(
+          f"{what} runs fp32 on tensor cores (TF32), but precision=HIGHEST asks for exact "
+          f"fp32; use variant='pipelined' (or 'tiled', 'naive')")
+    if config.split_k > 1 and not rung.split_k:
+      raise ValueError(f"{what} does not split K; config.split_k={config.split_k} needs "
+                       f"variant='splitk'")
+    if not rung.cuda_cores:
+      min_k = 8 if np.dtype(problem.dtype).itemsize == 4 else 16
+      if config.block_k < min_k:
+        raise ValueError(f"{what}: tensor-core dots need block_k >= {min_k} for "
+                         f"{np.dtype(problem.dtype).name}, got {config.block_k=}")
+    if rung.uses_smem:
+      # Pipelined rungs keep num_stages copies of both tiles in their input dtype.
+      itemsize = np.dtype(problem.dtype).itemsize
+      smem = config.num_stages * (config.block_m + config.block_n) * config.block_k * itemsize
+      if smem > SMEM_BYTES:
+        raise ValueError(
+            f"{what}: config needs {smem} bytes of shared memory "
+            f"(num_stages={config.num_stages} x (block_m={config.block_m} + "
+            f"block_n={config.block_n}) x block_k={config.block_k} x {itemsize} B), "
+            f"more than the {SMEM_BYTES} available; lower num_stages or the tiles")
+
+  def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):
+    kernel = importlib.import_module(f"jaxgemm.kernels.triton.{_RUNGS[variant].module}")
+    return lambda a, b: kernel.matmul(a, b, problem, config, platform)
+
+
+registry.register(TritonBackend())

@@ -1,0 +1,151 @@
+"""Calling our Triton kernels from JAX: on GPU through jax-triton, on CPU in Triton's interpreter.
+
+Why integers are constexprs
+---------------------------
+jax-triton 0.3.1 compiles a kernel with the divisibility-16 attribute on every
+pointer but on none of the integer arguments, while Triton's own launcher marks
+an integer divisible by 16 when it is. Without that, Triton cannot prove that
+rows of A and B start 16-byte aligned, so it drops vectorized loads and the
+cp.async software pipeline: the Triton tutorial matmul ran at 33.7 TFLOP/s
+through jax-triton against 750.6 natively on the H200 (4096^3 bf16,
+../shared/GPU_NOTES.md), and its sm_90 PTX had 0 cp.async against 56.
+
+Shapes are static under jit, so we hand Triton more than its launcher would:
+every integer a kernel takes (M, N, K, strides) is a `tl.constexpr`, passed as
+a keyword. Triton then knows exact divisibility (and folds the index math);
+the price is one compilation per distinct shape, which XLA pays anyway.
+`call` refuses positional integers so the mistake cannot come back silently,
+and tests/test_triton_ptx.py compiles a kernel the way jax-triton does and
+checks its PTX for cp.async and wgmma.
+
+CPU: the same kernel source runs in Triton's interpreter inside a
+`jax.pure_callback` on torch CPU tensors. The interpreter stores bfloat16 as raw
+uint16 bits and only decodes them in explicit casts; its dot and arithmetic run
+on the bits (a relative error ~1e10 was seen). Kernels therefore take an
+`UPCAST_OPERANDS` constexpr that `interpreting_bf16` turns on for bf16 under
+the interpreter: tiles are converted to fp32 right after loading, which is
+exact, so the interpreted result is the GPU's bf16 x bf16 -> fp32 product.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+try:
+  import triton
+except ImportError:  # the backend reports itself unavailable
+  triton = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One kernel launch: what `call` needs besides the operands."""
+
+  kernel: Any                    # a triton.JITFunction
+  grid: tuple[int, ...]
+  out_shape: jax.ShapeDtypeStruct
+  num_warps: int
+  num_stages: int
+  constexprs: tuple[tuple[str, Any], ...]
+
+  @classmethod
+  def make(cls, kernel, grid, out_shape, *, num_warps, num_stages, **constexprs):
+    for name, value in constexprs.items():
+      if not isinstance(value, (bool, int, str)) or isinstance(value, np.generic):
+        raise TypeError(f"constexpr {name}={value!r} must be a Python bool, int or str")
+    return cls(kernel, tuple(int(g) for g in grid), out_shape, num_warps, num_stages,
+               tuple(sorted(constexprs.items())))
+
+
+def interpreting_bf16(dtype, platform: str) -> bool:
+  """Whether a kernel must upcast its tiles to fp32 (bf16 in the interpreter)."""
+  return platform == "cpu" and np.dtype(dtype) == jnp.bfloat16
+
+
+def call(launch: Launch, *arrays: jax.Array, platform: str) -> jax.Array:
+  """Runs `launch` on `arrays` (device pointers in order, output appended last)."""
+  for i, x in enumerate(arrays):
+    if isinstance(x, (bool, int, float)):
+      raise TypeError(f"argument {i} is a Python scalar ({x!r}): pass integers as "
+                      f"constexpr keywords, jax-triton drops their divisibility")
+  if platform == "cpu":
+    return _interpret(launch, *arrays)
+  import jax_triton  # noqa: PLC0415 (imports only where a GPU jaxlib is installed)
+  return jax_triton.triton_call(
+      *arrays, kernel=launch.kernel, out_shape=launch.out_shape, grid=launch.grid,
+      num_warps=launch.num_warps, num_stages=launch.num_stages, **dict(launch.constexprs))
+
+
+# ------------------------------------------------------------------ the interpreter
+
+def _interpret(launch: Launch, *arrays):
+  def on_host(*host_arrays):
+    import torch  # noqa: PLC0415 (tests-only dependency: the interpreter's tensors)
+    tensors = [_to_torch(np.array(x)) for x in host_arrays]  # writable copies for torch
+    out = np.empty(launch.out_shape.shape, launch.out_shape.dtype)
+    out_t = _to_torch(out)
+    with _interpreted_language():
+      _interpreted(launch.kernel)[launch.grid](*tensors, out_t, **dict(launch.constexprs))
+    return out  # out_t shares out's memory
+  return jax.pure_callback(on_host, launch.out_shape, *arrays)
+
+
+def _to_torch(x: np.ndarray):
+  import torch  # noqa: PLC0415
+  if x.dtype == jnp.bfloat16:
+    return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(torch.bfloat16)
+  return torch.from_numpy(np.ascontiguousarray(x))
+
+
+_INTERPRETED: dict[Any, Any] = {}  # python function -> its InterpretedFunction clone
+
+
+def _interpreted(fn):
+  """`fn` as an InterpretedFunction whose @triton.jit helpers are interpreted too.
+
+  Our kernel modules are imported with real @triton.jit objects (the GPU path
+  compiles them), and the interpreter cannot call those as device functions
+  ("Cannot call @triton.jit'd outside of the scope of a kernel"). So we clone
+  the function tree, giving each clone globals in which every JITFunction is
+  its interpreted clone. The modules themselves are untouched.
+  """
+  from triton.runtime.interpreter import InterpretedFunction  # noqa: PLC0415
+
+  fn = getattr(fn, "fn", fn)  # a JITFunction's python function
+  if fn not in _INTERPRETED:
+    fn_globals = dict(fn.__globals__)
+    copy = types.FunctionType(fn.__code__, fn_globals, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    _INTERPRETED[fn] = InterpretedFunction(copy)
+    for name, value in fn.__globals__.items():
+      if isinstance(value, triton.JITFunction):
+        fn_globals[name] = _interpreted(value)
+  return _INTERPRETED[fn]
+
+
+@contextlib.contextmanager
+def _interpreted_language():
+  """triton.language's own @jit functions (tl.zeros, tl.cdiv, ...) interpreted while a kernel runs.
+
+  Kernels reach them as attributes of the `tl` module, so they are swapped on
+  the module for the duration of the call, as the interpreter does for its
+  builtins, and restored after.
+  """
+  import triton.language as tl  # noqa: PLC0415
+
+  originals = {n: v for n, v in vars(tl).items() if isinstance(v, triton.JITFunction)}
+  try:
+    for name, jit_fn in originals.items():
+      setattr(tl, name, _interpreted(jit_fn))
+    yield
+  finally:
+    for name, jit_fn in originals.items():
+      setattr(tl, name, jit_fn)

@@ -1,0 +1,33 @@
+"""Rung 4, `clusters`: rung 3 on 2-CTA clusters with TMA multicast.
+
+What it adds over `warp_specialized`: CTAs are launched in clusters of two
+(`cluster_m=2`: two vertically adjacent tiles, or `cluster_n=2`: two
+horizontally adjacent ones). The two CTAs of a cluster need the same B tile
+(cluster along M) or A tile (along N) at every K step, so that operand's
+BlockSpec is collective over the cluster axis: each CTA issues half of the
+TMA load and multicasts it into both CTAs' shared memory. That halves the L2
+-> SMEM traffic of the shared operand, the limit of the persistent kernel at
+large tiles. The persistent loop walks cluster tiles (2 CTA tiles each) in
+the same L2-friendly snake, on SMs / 2 clusters. Ragged edges are unchanged:
+a CTA whose tile lies past M or N reads zeros and stores nothing.
+
+The kernel body is rung 3's (`warp_specialized.persistent_kernel`), which
+takes the cluster shape; this module picks it and launches the clusters.
+
+Measured: see the ladder table in the final report / README (H200, jax 0.11.2);
+numbers are recorded there only from real runs.
+"""
+
+from __future__ import annotations
+
+from jaxgemm.kernels.pallas import warp_specialized
+
+
+def clusters(a, b, problem, config, interpret: bool = False):
+  """C = op(A) @ op(B) for `problem` with rung 4's kernel."""
+  if config.cluster_m * config.cluster_n != 2:
+    raise ValueError(f"clusters runs 2-CTA clusters: got cluster_m={config.cluster_m}, "
+                     f"cluster_n={config.cluster_n}")
+  return warp_specialized.persistent_call(a, b, problem, config, interpret,
+                                          cluster_m=config.cluster_m,
+                                          cluster_n=config.cluster_n)
