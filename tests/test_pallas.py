@@ -109,10 +109,9 @@ def test_smem_overflow_is_a_clear_error_before_launch():
   p = problem(1, 4096, 4096, 4096)
   cfg = PallasConfig(tile_m=256, tile_n=256, tile_k=128, max_concurrent_steps=4)
   for variant in pallas.VARIANTS:
-    if variant == "clusters":
-      cfg = dataclasses.replace(cfg, cluster_m=2)
+    v_cfg = dataclasses.replace(cfg, cluster_m=2) if variant == "clusters" else cfg
     with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory .* more than the 232448"):
-      BACKEND.check(p, variant, cfg)
+      BACKEND.check(p, variant, v_cfg)
   # The same through the public API: raised before tracing anything.
   a = jax.ShapeDtypeStruct((64, 64), jnp.bfloat16)
   with pytest.raises(ValueError, match="bytes of shared memory"):

@@ -27,7 +27,7 @@ from jaxgemm import registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
 from jaxgemm.registry import GemmProblem
 
-VARIANTS = ("basic", "pipelined")
+VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters")
 # Variants whose CTA tile is split along M between two consumer warpgroups.
 _TWO_CONSUMERS = ("warp_specialized", "clusters")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
@@ -86,8 +86,8 @@ def smem_bytes(problem: GemmProblem, variant: str, config: PallasConfig) -> dict
   stages = 1 if variant == "basic" else config.max_concurrent_steps
   parts = {"a": stages * tm * tk * item, "b": stages * tk * tn * item}
   if variant in _TWO_CONSUMERS:
-    # Two output slots per consumer warpgroup, each (tm / 2, epi_tile_n).
-    parts["out"] = 2 * 2 * (tm // 2) * min(config.epi_tile_n, tn) * out_item
+    # Two epilogue slots per consumer warpgroup, each (64, epi_tile_n).
+    parts["out"] = 2 * 2 * 64 * min(config.epi_tile_n, tn) * out_item
   else:
     parts["out"] = tm * tn * out_item
   return parts

@@ -257,17 +257,33 @@ def tile_coords(lin_idx, m_tiles: int, n_tiles: int, batch: int, grid_minor_m: b
                 group: int):
   """(batch, m tile, n tile) of the `lin_idx`-th tile in an L2-friendly order.
 
-  Batch-major (each batch's operands are separate), then `plgpu.planar_snake`
-  within the batch: bands of `group` tiles along the minor dimension walked
-  in a snake, so that CTAs running at the same time share A rows and B
-  columns in L2.
+  Batch-major (batches share no operand), then within the batch: bands of
+  `group` tiles across the minor dimension (M if `grid_minor_m`, else N),
+  each band walked along the major dimension, every other band backwards (a
+  snake), so CTAs in flight at once touch `group` tiles of one operand and a
+  run of the other's, and a band change reuses the tiles just loaded.
+
+  Our own rather than `plgpu.planar_snake`: that one evaluates its partial-
+  band branch with a remainder by zero when `group` divides the minor size
+  (harmless on the GPU, a SIGFPE in the CPU interpreter).
   """
-  per_batch = m_tiles * n_tiles
-  bi = lax.div(lin_idx, jnp.int32(per_batch))
-  rem = lax.rem(lin_idx, jnp.int32(per_batch))
-  group = max(1, min(group, n_tiles if not grid_minor_m else m_tiles))
-  mi, ni = plgpu.planar_snake(rem, (m_tiles, n_tiles), 0 if grid_minor_m else 1, group)
-  return bi, mi, ni
+  del batch
+  minor_size, major_size = (m_tiles, n_tiles) if grid_minor_m else (n_tiles, m_tiles)
+  w = max(1, min(group, minor_size))
+  full_bands = minor_size // w
+  w_last = max(1, minor_size - full_bands * w)   # the partial band's width (if any)
+  i32 = jnp.int32
+  lin_idx = lin_idx.astype(i32) if hasattr(lin_idx, "astype") else i32(lin_idx)
+  bi = lax.div(lin_idx, i32(m_tiles * n_tiles))
+  r = lax.rem(lin_idx, i32(m_tiles * n_tiles))
+  band = lax.div(r, i32(w * major_size))
+  in_full = band < full_bands
+  width = jnp.where(in_full, i32(w), i32(w_last))
+  j = r - band * i32(w * major_size)
+  minor = band * i32(w) + lax.rem(j, width)
+  major = lax.div(j, width)
+  major = jnp.where(lax.rem(band, i32(2)) == 0, major, i32(major_size - 1) - major)
+  return (bi, minor, major) if grid_minor_m else (bi, major, minor)
 
 
 # ---------------------------------------------------------------- wrapper
