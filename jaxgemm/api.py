@@ -242,8 +242,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   for side, shape, dims in (("lhs", lhs.shape, (*lc, *lb)), ("rhs", rhs.shape, (*rc, *rb))):
     bad = [d for d in dims if not 0 <= int(d) < len(shape)]
     if bad:
-      raise ValueError(f"dot_general {side} dimension(s) {bad} out of range for "
-                       f"{side}.shape={shape}")
+      # TypeError, as lax.dot_general raises for the same mistake.
+      raise TypeError(f"dot_general {side} dimension(s) {bad} out of range for "
+                      f"{side}.shape={shape}: valid dimensions are 0..{len(shape) - 1}")
   if len(lc) != len(rc) or len(lb) != len(rb):
     raise TypeError(f"dot_general needs as many lhs as rhs dimensions of each kind; "
                     f"got dimension_numbers={dimension_numbers}")
@@ -255,6 +256,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                       f"{lsizes} at {tuple(ldims)}, rhs.shape={rhs.shape} has {rsizes} "
                       f"at {tuple(rdims)}")
 
+  if preferred_element_type is None and lhs.dtype != rhs.dtype:
+    # lax's result dtype for mixed operands is not always jnp's promotion
+    # (bfloat16 x float16 gives bfloat16 in lax, float32 in jnp): keep lax's.
+    preferred_element_type = jax.eval_shape(
+        lambda l, r: lax.dot_general(l, r, dimension_numbers), lhs, rhs).dtype
   dtype, out_dtype = _dtypes(lhs, rhs, preferred_element_type)
   layout, why_not = _dot_general_layout(lhs.shape, rhs.shape, dimension_numbers)
   problem = None

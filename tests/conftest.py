@@ -1,0 +1,104 @@
+"""The shared test base: one mechanism parametrizes every test over every kernel.
+
+A test that takes a `kernel` argument runs once per (backend, variant) pair of
+`jaxgemm.backends()` x `jaxgemm.variants(backend)` (ids like `xla-dot_general`),
+so each kernel that registers itself is covered by the whole base at once.
+
+    @pytest.mark.cases(COMMON, xla=WIDE)
+    def test_x(kernel, case): ...
+
+runs every kernel on the COMMON cases and the xla backend (fast, the
+reference) also on WIDE; cases are values or `pytest.param(value, id=...)`.
+`@pytest.mark.kernel_backends` limits a test to the non-xla backends.
+
+Inputs are random with a fresh seed per test case, derived from the test id
+and a session seed (printed in the header; set JAXGEMM_TEST_SEED to replay).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import zlib
+
+import jax
+import numpy as np
+import pytest
+
+import jaxgemm
+from gemm_testing import Kernel, all_kernels
+
+SESSION_SEED = int(os.environ.get("JAXGEMM_TEST_SEED", random.SystemRandom().randrange(2**31)))
+
+
+def has_gpu() -> bool:
+  return jax.devices()[0].platform == "gpu"
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "cases(common, xla=()): test cases for every kernel, plus xla-only ones")
+  config.addinivalue_line("markers", "kernel_backends: only the non-xla backends' kernels")
+
+
+def pytest_report_header(config):
+  lines = [f"jaxgemm test seed: JAXGEMM_TEST_SEED={SESSION_SEED}",
+           f"jax {jax.__version__}, devices: {jax.devices()}"]
+  for b in jaxgemm.backends():
+    lines.append(f"jaxgemm backend {b!r}: variants {list(jaxgemm.variants(b))}")
+  return lines
+
+
+def _as_param(case):
+  if isinstance(case, type(pytest.param(None))):
+    return case
+  return pytest.param(case, id=str(case))
+
+
+def pytest_generate_tests(metafunc):
+  if "kernel" not in metafunc.fixturenames:
+    return
+  kernels = all_kernels()
+  if metafunc.definition.get_closest_marker("kernel_backends") is not None:
+    kernels = [k for k in kernels if not k.is_xla]
+  marker = metafunc.definition.get_closest_marker("cases")
+  if marker is None:
+    metafunc.parametrize("kernel", kernels, ids=str)
+    return
+  common = [_as_param(c) for c in marker.args[0]]
+  xla_only = [_as_param(c) for c in marker.kwargs.get("xla", ())]
+  params = []
+  for k in kernels:
+    for case in common + (xla_only if k.is_xla else []):
+      (value,) = case.values
+      params.append(pytest.param(k, value, id=f"{k}-{case.id}", marks=case.marks))
+  metafunc.parametrize(("kernel", "case"), params)
+
+
+def pytest_collection_modifyitems(config, items):
+  if has_gpu():
+    return
+  skip = pytest.mark.skip(reason=f"needs a GPU; jax.devices() = {jax.devices()}")
+  for item in items:
+    if item.get_closest_marker("gpu") is not None:
+      item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request) -> int:
+  return zlib.crc32(request.node.nodeid.encode()) ^ SESSION_SEED
+
+
+@pytest.fixture
+def rng(seed) -> np.random.Generator:
+  return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def x64():
+  """Enables float64 for the test (jax.enable_x64 context)."""
+  with jax.enable_x64(True):
+    yield
+
+
+__all__ = ["Kernel"]
