@@ -13,7 +13,7 @@ import importlib
 import numpy as np
 
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, int_range, power_of_two
+from jaxgemm.config import KernelConfig, check, int_range, power_of_two
 from jaxgemm.registry import GemmProblem
 
 # Hopper's opt-in shared memory per block (227 KB), what a config may fill.
@@ -40,6 +40,9 @@ class TritonConfig(KernelConfig):
   num_warps: int = power_of_two(1, 16, default=4)
   num_stages: int = int_range(1, 8, default=3)
   split_k: int = int_range(1, 64, default=1)
+  epilogue_subtile: int = check(lambda v: v in (1, 2), "1 or 2", default=1)
+  warp_specialize: bool = False
+  tma: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,7 @@ _RUNGS = {
     "tiled": _Rung("tiled", cuda_cores=True),
     "pipelined": _Rung("pipelined", cuda_cores=True),
     "tensorcore": _Rung("tensorcore", cuda_cores=False),
+    "persistent": _Rung("persistent", cuda_cores=False),
     "splitk": _Rung("splitk", cuda_cores=False, split_k=True),
 }
 
@@ -66,6 +70,19 @@ def _pow2_at_least(x: int, lo: int, hi: int) -> int:
   while p < x and p < hi:
     p *= 2
   return p
+
+
+def _tma_misaligned(problem: GemmProblem) -> str | None:
+  """Why TMA cannot address `problem`'s operands (None if it can)."""
+  itemsize = np.dtype(problem.dtype).itemsize
+  rows = {"a": problem.m if problem.trans_a else problem.k,
+          "b": problem.k if problem.trans_b else problem.n}
+  for name, length in rows.items():
+    if length * itemsize % 16:
+      return f"{name}'s rows are {length} x {itemsize} B"
+  if problem.n * np.dtype(problem.out_dtype).itemsize % 16:
+    return f"c's rows are {problem.n} x {np.dtype(problem.out_dtype).itemsize} B"
+  return None
 
 
 class TritonBackend(registry.Backend):
@@ -85,7 +102,7 @@ class TritonBackend(registry.Backend):
       return "pipelined"
     if self._split_k_for(problem) > 1:
       return "splitk"
-    return "tensorcore"
+    return "persistent"
 
   def _split_k_for(self, problem: GemmProblem) -> int:
     """K slices that bring the program count near two waves of SMs (1 = no split)."""
@@ -108,6 +125,11 @@ class TritonBackend(registry.Backend):
     elif variant == "splitk":
       tiles = dict(block_m=64, block_n=64, block_k=32 if wide else 64, num_warps=4,
                    num_stages=4, group_m=1)
+    elif variant == "persistent":
+      tiles = (dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3, group_m=8)
+               if wide else
+               dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8,
+                    epilogue_subtile=2))
     else:  # tensor cores: the tile that ran 750 TFLOP/s natively (GPU_NOTES.md)
       tiles = (dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3, group_m=8)
                if wide else
@@ -141,6 +163,14 @@ class TritonBackend(registry.Backend):
       if config.block_k < min_k:
         raise ValueError(f"{what}: tensor-core dots need block_k >= {min_k} for "
                          f"{np.dtype(problem.dtype).name}, got {config.block_k=}")
+    if config.tma and variant != "persistent":
+      raise ValueError(f"{what} has no TMA path; config.tma=True needs variant='persistent'")
+    if config.tma and (why := _tma_misaligned(problem)):
+      raise NotImplementedError(f"{what} loads with TMA, which needs 16-byte aligned rows: "
+                                f"{why}; config.tma=False takes any shape")
+    if config.epilogue_subtile > 1 and config.block_n % (8 * config.epilogue_subtile):
+      raise ValueError(f"{what}: {config.block_n=} must be divisible by "
+                       f"8 x {config.epilogue_subtile=}")
     if rung.uses_smem:
       # Pipelined rungs keep num_stages copies of both tiles in their input dtype.
       itemsize = np.dtype(problem.dtype).itemsize

@@ -28,34 +28,15 @@ from jaxgemm.kernels.triton.common import grouped_tile, store_tile, tile_ptrs
 
 
 @triton.jit
-def blocked_matmul_kernel(
-    a_ptr, b_ptr, c_ptr,
-    BATCH: tl.constexpr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+def accumulate_tile(
+    a_ptr, b_ptr, batch, pid_m, pid_n, k_start, k_len,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
     A_STRIDE_M: tl.constexpr, A_STRIDE_K: tl.constexpr,
     B_STRIDE_K: tl.constexpr, B_STRIDE_N: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
 ):
-  """C[b] = A[b] @ B[b] for one (batch, tile, K-slice) per program.
-
-  Grid: (B * tiles, SPLIT_K). With SPLIT_K > 1, c_ptr is an fp32 workspace of
-  shape (SPLIT_K, B, M, N) holding one partial sum per K slice.
-  """
-  tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-  pid = tl.program_id(0)
-  batch = pid // tiles
-  pid_m, pid_n = grouped_tile(pid % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-  if SPLIT_K == 1:
-    k_slice = 0
-    k_start = 0
-    k_len = K
-  else:
-    k_slice = tl.program_id(1)
-    K_PER_SLICE: tl.constexpr = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-    k_start = k_slice * K_PER_SLICE
-    k_len = tl.minimum(K - k_start, K_PER_SLICE)
-
+  """The fp32 (BLOCK_M, BLOCK_N) tile of A[batch] @ B[batch] over K in [k_start, k_start + k_len)."""
   # Rows (columns) past M (N) wrap around instead of being masked: the loads
   # stay in bounds and unmasked, and those results are never stored.
   offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
@@ -65,7 +46,6 @@ def blocked_matmul_kernel(
                      INDEX_64)
   b_ptrs = tile_ptrs(b_ptr, batch, k_start + offs_k, offs_n, K * N, B_STRIDE_K, B_STRIDE_N,
                      INDEX_64)
-
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   for k in range(0, tl.cdiv(k_len, BLOCK_K)):
     if EVEN_K:
@@ -81,7 +61,41 @@ def blocked_matmul_kernel(
     acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     a_ptrs += BLOCK_K * A_STRIDE_K
     b_ptrs += BLOCK_K * B_STRIDE_K
+  return acc
 
+
+@triton.jit
+def blocked_matmul_kernel(
+    a_ptr, b_ptr, c_ptr,
+    BATCH: tl.constexpr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+    A_STRIDE_M: tl.constexpr, A_STRIDE_K: tl.constexpr,
+    B_STRIDE_K: tl.constexpr, B_STRIDE_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+):
+  """C[b] = A[b] @ B[b] for one (batch, tile, K-slice) per program.
+
+  Grid: (B * tiles, SPLIT_K). With SPLIT_K > 1, c_ptr is an fp32 workspace of
+  shape (SPLIT_K * B, M, N) holding one partial sum per K slice.
+  """
+  tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+  pid = tl.program_id(0)
+  batch = pid // tiles
+  pid_m, pid_n = grouped_tile(pid % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+  if SPLIT_K == 1:
+    k_slice = 0
+    k_start = 0
+    k_len = K
+  else:
+    k_slice = tl.program_id(1)
+    K_PER_SLICE: tl.constexpr = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = k_slice * K_PER_SLICE
+    k_len = tl.minimum(K - k_start, K_PER_SLICE)
+  acc = accumulate_tile(a_ptr, b_ptr, batch, pid_m, pid_n, k_start, k_len, M, N, K,
+                        A_STRIDE_M, A_STRIDE_K, B_STRIDE_K, B_STRIDE_N,
+                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST_OPERANDS, DOT_PRECISION,
+                        INDEX_64)
   offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
   offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
   store_tile(c_ptr, k_slice * BATCH + batch, offs_cm, offs_cn, acc, M, N, INDEX_64)
@@ -102,15 +116,15 @@ def needs_index_64(problem) -> bool:
   return largest >= 2**31
 
 
-def blocked_matmul(a, b, problem, config, platform, *, upcast: bool, dot_precision: str):
-  """Launches `blocked_matmul_kernel` (and sums the split-K slices in fixed order)."""
+def blocked_launch(problem, config, platform, *, upcast: bool, dot_precision: str):
+  """The launch of `blocked_matmul_kernel` for `problem` (its output is a workspace if split)."""
   tiles = triton.cdiv(problem.m, config.block_m) * triton.cdiv(problem.n, config.block_n)
   split_k = config.split_k
   if split_k > 1:
     out_shape = jax.ShapeDtypeStruct((split_k * problem.batch, problem.m, problem.n), jnp.float32)
   else:
     out_shape = jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype)
-  launch = triton_call.Launch.make(
+  return triton_call.Launch.make(
       blocked_matmul_kernel, (problem.batch * tiles, split_k), out_shape,
       num_warps=config.num_warps, num_stages=config.num_stages,
       BATCH=problem.batch, M=problem.m, N=problem.n, K=problem.k, **operand_strides(problem),
@@ -119,6 +133,12 @@ def blocked_matmul(a, b, problem, config, platform, *, upcast: bool, dot_precisi
       EVEN_K=problem.k % config.block_k == 0,
       UPCAST_OPERANDS=upcast or triton_call.interpreting_bf16(problem.dtype, platform),
       DOT_PRECISION=dot_precision, INDEX_64=needs_index_64(problem))
+
+
+def blocked_matmul(a, b, problem, config, platform, *, upcast: bool, dot_precision: str):
+  """Launches `blocked_matmul_kernel` (and sums the split-K slices in fixed order)."""
+  split_k = config.split_k
+  launch = blocked_launch(problem, config, platform, upcast=upcast, dot_precision=dot_precision)
   c = triton_call.call(launch, a, b, platform=platform)
   if split_k == 1:
     return c

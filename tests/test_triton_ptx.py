@@ -1,0 +1,88 @@
+"""Regression test for the jax-triton specialization bug, on a machine without a GPU.
+
+jax-triton 0.3.1 gives integer kernel arguments no divisibility-16 attribute,
+and the tutorial matmul then compiled without cp.async (0 in its sm_90 PTX,
+56 with the integers marked) and ran at 33.7 instead of 750.6 TFLOP/s
+(../shared/GPU_NOTES.md). Our kernels take every integer as a constexpr
+(jaxgemm/backends/triton_call.py). Here we compile the launches our backend
+makes with jax-triton's own compilation function (`get_or_create_triton_kernel`,
+Triton's CUDA backend targeting sm_90, no GPU needed) and read the PTX.
+"""
+
+import functools
+import importlib.util
+import pathlib
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgemm.registry import GemmProblem
+
+triton = pytest.importorskip("triton")
+from jaxgemm.backends.triton import TritonConfig  # noqa: E402
+from jaxgemm.kernels.triton import tiled  # noqa: E402
+
+
+@functools.cache
+def _jax_triton_lib():
+  """jax_triton.triton_lib, loaded past the package __init__ that insists on a GPU jaxlib."""
+  spec = importlib.util.find_spec("jax_triton")
+  if spec is None:
+    pytest.skip("jax-triton is not installed")
+  path = pathlib.Path(spec.submodule_search_locations[0]) / "triton_lib.py"
+  module_spec = importlib.util.spec_from_file_location("_jaxgemm_test_triton_lib", path)
+  module = importlib.util.module_from_spec(module_spec)
+  sys.modules[module_spec.name] = module  # dataclasses look their module up there
+  module_spec.loader.exec_module(module)
+  return module
+
+
+class _CapturedKernel:
+  def __init__(self, name, num_warps, num_ctas, shared_mem_bytes, ptx, ttir, compute_capability):
+    self.name, self.ptx, self.shared_mem_bytes = name, ptx, shared_mem_bytes
+
+
+def compile_like_jax_triton(launch, in_dtypes, monkeypatch) -> str:
+  """PTX of `launch` as jax_triton.triton_call would compile it for sm_90."""
+  lib = _jax_triton_lib()
+  monkeypatch.setattr(lib.triton_kernel_call_lib, "TritonKernel", _CapturedKernel, raising=False)
+  # triton_call passes arrays as pointers (inputs, then outputs) and keyword
+  # arguments as constexpr metaparams; our launches have no scalar arguments.
+  dtypes = [*in_dtypes, launch.out_shape.dtype]
+  arg_types = [f"*{lib._JAX_TO_TRITON_TYPE_MAP[jnp.dtype(d)]}" for d in dtypes]
+  kernel, _ = lib.get_or_create_triton_kernel(
+      lib.get_cuda_backend, "cuda", launch.kernel, arg_types, (),
+      num_warps=launch.num_warps, num_stages=launch.num_stages, num_ctas=1,
+      compute_capability=90, enable_fp_fusion=True, metaparams=dict(launch.constexprs),
+      dump=False)
+  return kernel.ptx
+
+
+def _problem(dtype, trans_a=False, trans_b=False, m=4096, n=4096, k=4096):
+  return GemmProblem(1, m, n, k, np.dtype(dtype), np.dtype(dtype), np.dtype(np.float32),
+                     trans_a, trans_b, None)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True)])
+def test_tensorcore_launch_keeps_cp_async_and_wgmma(trans_a, trans_b, monkeypatch):
+  problem = _problem(jnp.bfloat16, trans_a, trans_b)
+  config = TritonConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3)
+  launch = tiled.blocked_launch(problem, config, "cuda", upcast=False, dot_precision="tf32")
+  ptx = compile_like_jax_triton(launch, [problem.dtype, problem.dtype], monkeypatch)
+  assert "wgmma.mma_async" in ptx, "no wgmma: the tensor-core rung fell off Hopper's MMA"
+  # 16-byte cp.async copies are the pipeline jax-triton's unspecialized
+  # integers used to lose (0 of them then).
+  cp_async_16 = ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global")
+  assert cp_async_16 >= 8, f"only {cp_async_16} cp.async in the PTX: specialization lost"
+
+
+def test_integer_arguments_are_refused(monkeypatch):
+  """Passing M, N, K as runtime integers would bring the bug back: `call` refuses."""
+  from jaxgemm.backends import triton_call
+  problem = _problem(jnp.float16, m=64, n=64, k=64)
+  launch = tiled.blocked_launch(problem, TritonConfig(), "cuda", upcast=False,
+                                dot_precision="tf32")
+  with pytest.raises(TypeError, match="constexpr"):
+    triton_call.call(launch, jnp.ones((1, 64, 64), jnp.float16), 64, platform="cuda")
