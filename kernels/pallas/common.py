@@ -8,11 +8,12 @@ One place for what all rungs need the same way:
 * operand blocks for both transpose flags (`a_block`, `b_block` slice the GMEM
   ref as stored, `a_operand`, `b_operand` give wgmma its (tm, tk) / (tk, tn)
   view of the SMEM tile through `plgpu.transpose_ref`);
-* `pad_minor_to_tma` / `run_padded`: TMA descriptors need 16-byte aligned
-  row strides, so a contiguous dimension that is not a multiple of 8 elements
-  is zero-padded once in the wrapper; every other raggedness (M, N, K not
-  multiples of the tiles) is left to TMA, which zero-fills out-of-bounds loads
-  and skips out-of-bounds stores, so no kernel needs a tail path;
+* `run_padded`: Mosaic GPU describes each GMEM array to TMA through the SMEM
+  tile layout, whose (8, 128-byte) tiling must divide the whole array, so a
+  stored dimension that is not such a multiple is zero-padded once in the
+  wrapper (aligned problems are untouched); every other raggedness (M, N, K
+  not multiples of the tiles) is left to TMA, which zero-fills out-of-bounds
+  loads and skips out-of-bounds stores, so no kernel needs a tail path;
 * `tile_coords`: the L2-friendly tile order of the persistent rungs;
 * `smem_bytes`: what a config puts in shared memory, checked before launch.
 """
@@ -32,8 +33,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 # Hopper: 227 KiB of shared memory per CTA (the opt-in maximum of sm_90).
 SMEM_CAPACITY_BYTES = 227 * 1024
-# TMA wants 16-byte aligned global strides: 8 elements of a 16-bit dtype.
-TMA_ALIGN_BYTES = 16
 
 
 # ---------------------------------------------------------------- version shims
@@ -288,45 +287,61 @@ def tile_coords(lin_idx, m_tiles: int, n_tiles: int, batch: int, grid_minor_m: b
 
 # ---------------------------------------------------------------- wrapper
 
-def _pad_last(x, multiple: int):
-  pad = -x.shape[-1] % multiple
-  if pad == 0:
+def _pad_to(x, row_multiple: int, col_multiple: int):
+  """Zero-pads the last two dimensions of `x` up to the given multiples."""
+  pads = [(0, 0)] * (x.ndim - 2) + [(0, -x.shape[-2] % row_multiple),
+                                    (0, -x.shape[-1] % col_multiple)]
+  if all(p == (0, 0) for p in pads):
     return x
-  return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)])
+  return jnp.pad(x, pads)
 
 
-def tma_multiple(dtype) -> int:
-  return TMA_ALIGN_BYTES // jnp.dtype(dtype).itemsize
+# Mosaic GPU describes a GMEM array to TMA through the SMEM tile's layout:
+# an (8 rows, swizzle) tiling, which must divide the whole array (jax raises
+# "dimension 2 must have size smaller or a multiple of its tiling 64"
+# otherwise). 128 bytes covers every swizzle we pick.
+ROW_MULTIPLE = 8
+SWIZZLE_SPAN_BYTES = 128
+
+
+def col_multiple(dtype) -> int:
+  return SWIZZLE_SPAN_BYTES // jnp.dtype(dtype).itemsize
+
+
+def round_up(x: int, multiple: int) -> int:
+  return -(-x // multiple) * multiple
 
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
-  """The kernel's view of the problem after alignment padding."""
+  """The kernel's view of the problem: sizes of the (padded) stored arrays."""
 
   batch: int
-  m: int
-  n: int        # the output's stored width (N rounded up to TMA alignment)
-  k: int        # the padded contracting size (K rounded up where K is minor)
+  m: int        # rows of C (M rounded up to 8)
+  n: int        # columns of C (N rounded up to the 128-byte swizzle span)
+  k: int        # the contracting size the K loop covers
 
 
 def run_padded(kernel_fn, a, b, problem, *, out_dtype):
-  """Calls `kernel_fn(a, b, dims) -> c` on TMA-aligned operands; slices the result.
+  """Calls `kernel_fn(a, b, dims) -> c` on TMA-describable operands; slices C.
 
-  Only a contiguous (minor) dimension whose byte size is not a multiple of 16
-  is padded, with zeros (a zero K column of A meets a K row of B that TMA
-  zero-fills, so the sum is unchanged); M, N and K raggedness otherwise stays
-  in the kernel as TMA out-of-bounds handling.
+  Aligned problems (every dimension a multiple of 64) pass through untouched.
+  Otherwise the two stored dimensions of each operand are zero-padded to the
+  multiples above (one pad copy per operand, one slice copy of C); zeros in
+  K contribute nothing. What stays ragged relative to the *tiles* (a 4096-row
+  array under 256-row tiles is fine, a 4104-row one is not a multiple) is
+  TMA's: out-of-bounds loads are zero-filled, out-of-bounds stores dropped.
   """
-  mult = tma_multiple(a.dtype)
-  a = _pad_last(a, mult)
-  b = _pad_last(b, mult)
+  cm = col_multiple(a.dtype)
+  a = _pad_to(a, ROW_MULTIPLE, cm)
+  b = _pad_to(b, ROW_MULTIPLE, cm)
   k = max(a.shape[1] if problem.trans_a else a.shape[2],
           b.shape[2] if problem.trans_b else b.shape[1])
-  n_out = -(-problem.n // tma_multiple(out_dtype)) * tma_multiple(out_dtype)
-  dims = Dims(problem.batch, problem.m, n_out, k)
-  c = kernel_fn(a, b, dims)
-  if n_out != problem.n:
-    c = c[..., :problem.n]
+  m_out = round_up(problem.m, ROW_MULTIPLE)
+  n_out = round_up(problem.n, col_multiple(out_dtype))
+  c = kernel_fn(a, b, Dims(problem.batch, m_out, n_out, k))
+  if (m_out, n_out) != (problem.m, problem.n):
+    c = c[:, :problem.m, :problem.n]
   return c
 
 
