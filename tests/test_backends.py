@@ -1,0 +1,110 @@
+"""The registry and each backend's config: listing, ladders, JSON round trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxgemm
+from jaxgemm import registry
+from gemm_testing import as_f64, assert_gemm_close, best_setting, random_array, tolerance
+
+
+def test_backends_in_preference_order():
+  names = jaxgemm.backends()
+  assert isinstance(names, tuple) and names[0] == "xla"
+  assert len(set(names)) == len(names)
+  order = [n for n in ("xla", "triton", "pallas") if n in names]
+  assert [n for n in names if n in order] == order
+
+
+@pytest.mark.parametrize("backend", jaxgemm.backends())
+def test_variants_ladder(backend):
+  vs = jaxgemm.variants(backend)
+  assert isinstance(vs, tuple) and vs and all(isinstance(v, str) and v for v in vs)
+  assert len(set(vs)) == len(vs)
+  b = registry.get_backend(backend)
+  assert b.name == backend
+  assert issubclass(b.config_cls, jaxgemm.KernelConfig) and b.config_cls.backend == backend
+
+
+PROBLEMS = [
+    registry.GemmProblem(1, 33, 24, 40, np.dtype(np.float32), np.dtype(np.float32),
+                         np.dtype(np.float32), precision=(lax.Precision.HIGHEST,) * 2),
+    registry.GemmProblem(2, 128, 256, 64, np.dtype(jnp.bfloat16), np.dtype(jnp.bfloat16),
+                         np.dtype(np.float32), trans_b=True),
+    registry.GemmProblem(1, 4096, 4096, 512, np.dtype(np.float16), np.dtype(np.float32),
+                         np.dtype(np.float32), trans_a=True),
+]
+
+
+def _default_configs(backend):
+  b = registry.get_backend(backend)
+  configs = [b.config_cls()]
+  for problem in PROBLEMS:
+    for v in b.variants:
+      try:
+        configs.append(b.default_config(problem, v))
+      except (NotImplementedError, ValueError):
+        pass
+  return configs
+
+
+@pytest.mark.parametrize("backend", jaxgemm.backends())
+def test_config_json_round_trip(backend):
+  cls = registry.get_backend(backend).config_cls
+  for c in _default_configs(backend):
+    assert type(c) is cls
+    s = c.to_json()
+    d = json.loads(s)
+    assert d["backend"] == backend
+    back = cls.from_json(s)
+    assert back == c and hash(back) == hash(c) and back.to_json() == s
+    assert cls.from_dict(c.to_dict()) == c
+    # Every field survives, with its type.
+    for f in dataclasses.fields(cls):
+      assert type(getattr(back, f.name)) is type(getattr(c, f.name))
+
+
+@pytest.mark.parametrize("backend", jaxgemm.backends())
+def test_config_json_partial_and_foreign(backend):
+  cls = registry.get_backend(backend).config_cls
+  assert cls.from_json("{}") == cls()                 # missing fields take defaults
+  other = "xla" if backend != "xla" else "triton"
+  with pytest.raises(ValueError, match=f"backend={other!r}"):
+    cls.from_dict({"backend": other})
+  with pytest.raises(ValueError, match="valid fields"):
+    cls.from_dict({"backend": backend, "no_such_field": 1})
+
+
+def test_explicit_config_gives_the_default_result(kernel, rng):
+  """config= the backend's default (after a JSON round trip) computes the same result."""
+  dtype, precision = best_setting(kernel, (33, 40), (40, 24))
+  b = registry.get_backend(kernel.backend)
+  problem = registry.GemmProblem(1, 33, 24, 40, np.dtype(dtype), np.dtype(dtype),
+                                 np.dtype(np.float32),
+                                 precision=None if precision is None else (precision,) * 2)
+  config = b.config_cls.from_json(b.default_config(problem, kernel.variant).to_json())
+  x = random_array(rng, (33, 40), dtype)
+  w = random_array(rng, (40, 24), dtype)
+  out = jaxgemm.matmul(x, w, precision=precision, config=config, **kernel.kw)
+  default = jaxgemm.matmul(x, w, precision=precision, **kernel.kw)
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(default, np.float32))
+  x64, w64 = as_f64(x), as_f64(w)
+  assert_gemm_close(out, x64 @ w64, np.abs(x64) @ np.abs(w64),
+                    tolerance(dtype, dtype, precision), str(kernel))
+  # The config is a static param of matmul_p (hashable, in the jaxpr).
+  jaxpr = jax.make_jaxpr(lambda x, w: jaxgemm.matmul(x, w, precision=precision, config=config,
+                                                     **kernel.kw))(x, w)
+  assert any(e.params.get("config") == config for e in jaxpr.eqns)
+
+
+def test_xla_config_has_no_fields():
+  assert dataclasses.fields(jaxgemm.XlaConfig) == ()
+  assert jaxgemm.XlaConfig().to_json() == '{"backend": "xla"}'
