@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Any
 
 import jax
@@ -223,13 +224,25 @@ def b_block(b_gmem, k_start, n_start, tk: int, tn: int, trans_b: bool):
   return b_gmem.at[pl.ds(k_start, tk), pl.ds(n_start, tn)]
 
 
+def transposed(ref):
+  """`ref` viewed transposed (2-D), for wgmma's MN-major operand reads.
+
+  `plgpu.transpose_ref` is what both jax 0.10.2 and 0.11.2 have; 0.11 marks it
+  deprecated in favour of `ref.transpose(...)`, whose signature differs
+  between ref types in 0.10.2, so we keep the one call and mute the warning.
+  """
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    return plgpu.transpose_ref(ref, (1, 0))
+
+
 def a_operand(a_smem, trans_a: bool):
   """wgmma's (tm, tk) view of A's SMEM tile: 16-bit wgmma reads K-major or MN-major."""
-  return plgpu.transpose_ref(a_smem, (1, 0)) if trans_a else a_smem
+  return transposed(a_smem) if trans_a else a_smem
 
 
 def b_operand(b_smem, trans_b: bool):
-  return plgpu.transpose_ref(b_smem, (1, 0)) if trans_b else b_smem
+  return transposed(b_smem) if trans_b else b_smem
 
 
 def a_block_spec_args(tm: int, tk: int, trans_a: bool):

@@ -103,7 +103,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
       def a_rows(a_smem):
         # This consumer's half of A's tile, as wgmma's (half, tk) operand.
         if trans_a:
-          return plgpu.transpose_ref(a_smem.at[:, wg_rows], (1, 0))
+          return common.transposed(a_smem.at[:, wg_rows])
         return a_smem.at[wg_rows, :]
 
       def mma(_, a_smem, b_smem, acc_ref):
