@@ -41,13 +41,15 @@ def persistent_matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr, USE_TMA: tl.constexpr, EVEN_K: tl.constexpr,
+    OUT_M: tl.constexpr, OUT_N: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
 ):
   SUB_N: tl.constexpr = BLOCK_N // EPILOGUE_SUBTILE
   if USE_TMA:
     a_desc = _operand_descriptor(a_ptr, BATCH, M, K, BLOCK_M, BLOCK_K, TRANS_A)
     b_desc = _operand_descriptor(b_ptr, BATCH, N, K, BLOCK_N, BLOCK_K, not TRANS_B)
-    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[BATCH, M, N], strides=[M * N, N, 1],
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[BATCH, OUT_M, OUT_N],
+                                       strides=[OUT_M * OUT_N, OUT_N, 1],
                                        block_shape=[1, BLOCK_M, SUB_N])
 
   tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -83,7 +85,8 @@ def persistent_matmul_kernel(
         c_desc.store([batch, pid_m * BLOCK_M, off_n],
                      parts[i].to(c_ptr.dtype.element_ty).reshape(1, BLOCK_M, SUB_N))
       else:
-        store_tile(c_ptr, batch, offs_m, off_n + tl.arange(0, SUB_N), parts[i], M, N, INDEX_64)
+        store_tile(c_ptr, batch, offs_m, off_n + tl.arange(0, SUB_N), parts[i], OUT_M, OUT_N,
+                   INDEX_64)
 
 
 @triton.jit
@@ -114,28 +117,29 @@ def num_sms(platform: str) -> int:
   return DEFAULT_NUM_SMS
 
 
-def launch(problem, config, platform):
+def launch(problem, config, platform, out_mn=None):
+  out_m, out_n = out_mn or (problem.m, problem.n)
   tiles = (problem.batch * triton.cdiv(problem.m, config.block_m)
            * triton.cdiv(problem.n, config.block_n))
   programs = min(num_sms(platform), tiles)
   return triton_call.Launch.make(
       persistent_matmul_kernel, (programs,),
-      jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype),
+      jax.ShapeDtypeStruct((problem.batch, out_m, out_n), problem.out_dtype),
       num_warps=config.num_warps, num_stages=config.num_stages,
       BATCH=problem.batch, M=problem.m, N=problem.n, K=problem.k,
       TRANS_A=problem.trans_a, TRANS_B=problem.trans_b, **operand_strides(problem),
       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=config.group_m, NUM_SMS=programs, EPILOGUE_SUBTILE=config.epilogue_subtile,
       WARP_SPECIALIZE=config.warp_specialize, USE_TMA=config.tma,
-      EVEN_K=problem.k % config.block_k == 0,
+      EVEN_K=problem.k % config.block_k == 0, OUT_M=out_m, OUT_N=out_n,
       UPCAST_OPERANDS=triton_call.interpreting_bf16(problem.dtype, platform),
       DOT_PRECISION=problem.fp32_precision or "tf32", INDEX_64=needs_index_64(problem))
 
 
-def matmul(a, b, problem, config, platform):
+def matmul(a, b, problem, config, platform, out_mn=None):
   if config.tma and platform == "cuda":
     raise NotImplementedError(
         "TritonConfig(tma=True) cannot run through jax-triton 0.3.1: Triton's device-side "
         "tensor descriptors need a global scratch buffer that only Triton's own launcher "
         "allocates (CUDA_ERROR_ILLEGAL_ADDRESS on the H200); use tma=False")
-  return triton_call.call(launch(problem, config, platform), a, b, platform=platform)
+  return triton_call.call(launch(problem, config, platform, out_mn), a, b, platform=platform)

@@ -14,5 +14,6 @@ Measured: see the ladder table in README.md (bench/results).
 from jaxgemm.kernels.triton.tiled import blocked_matmul
 
 
-def matmul(a, b, problem, config, platform):
-  return blocked_matmul(a, b, problem, config, platform, upcast=True, dot_precision="ieee")
+def matmul(a, b, problem, config, platform, out_mn=None):
+  return blocked_matmul(a, b, problem, config, platform, upcast=True, dot_precision="ieee",
+                        out_mn=out_mn)

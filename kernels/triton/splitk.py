@@ -13,6 +13,6 @@ Measured: see the ladder table in README.md (bench/results).
 from jaxgemm.kernels.triton.tiled import blocked_matmul
 
 
-def matmul(a, b, problem, config, platform):
+def matmul(a, b, problem, config, platform, out_mn=None):
   return blocked_matmul(a, b, problem, config, platform, upcast=False,
-                        dot_precision=problem.fp32_precision or "tf32")
+                        dot_precision=problem.fp32_precision or "tf32", out_mn=out_mn)

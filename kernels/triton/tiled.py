@@ -72,12 +72,14 @@ def blocked_matmul_kernel(
     B_STRIDE_K: tl.constexpr, B_STRIDE_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    OUT_M: tl.constexpr, OUT_N: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
 ):
   """C[b] = A[b] @ B[b] for one (batch, tile, K-slice) per program.
 
-  Grid: (B * tiles, SPLIT_K). With SPLIT_K > 1, c_ptr is an fp32 workspace of
-  shape (SPLIT_K * B, M, N) holding one partial sum per K slice.
+  Grid: (B * tiles, SPLIT_K). C is (B, OUT_M, OUT_N): the operands may be
+  zero-padded past it (see `aligned_operands`). With SPLIT_K > 1, c_ptr is an
+  fp32 workspace of shape (SPLIT_K * B, OUT_M, OUT_N), one partial sum per slice.
   """
   tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
   pid = tl.program_id(0)
@@ -98,7 +100,7 @@ def blocked_matmul_kernel(
                         INDEX_64)
   offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
   offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-  store_tile(c_ptr, k_slice * BATCH + batch, offs_cm, offs_cn, acc, M, N, INDEX_64)
+  store_tile(c_ptr, k_slice * BATCH + batch, offs_cm, offs_cn, acc, OUT_M, OUT_N, INDEX_64)
 
 
 def operand_strides(problem):
@@ -116,38 +118,46 @@ def needs_index_64(problem) -> bool:
   return largest >= 2**31
 
 
-def blocked_launch(problem, config, platform, *, upcast: bool, dot_precision: str):
-  """The launch of `blocked_matmul_kernel` for `problem` (its output is a workspace if split)."""
+def blocked_launch(problem, config, platform, *, upcast: bool, dot_precision: str,
+                   out_mn: tuple[int, int] | None = None):
+  """The launch of `blocked_matmul_kernel` for `problem` (its output is a workspace if split).
+
+  `out_mn`: the (M, N) of C when the operands are padded past it.
+  """
   tiles = triton.cdiv(problem.m, config.block_m) * triton.cdiv(problem.n, config.block_n)
   split_k = config.split_k
+  out_m, out_n = out_mn or (problem.m, problem.n)
   if split_k > 1:
-    out_shape = jax.ShapeDtypeStruct((split_k * problem.batch, problem.m, problem.n), jnp.float32)
+    out_shape = jax.ShapeDtypeStruct((split_k * problem.batch, out_m, out_n), jnp.float32)
   else:
-    out_shape = jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype)
+    out_shape = jax.ShapeDtypeStruct((problem.batch, out_m, out_n), problem.out_dtype)
   return triton_call.Launch.make(
       blocked_matmul_kernel, (problem.batch * tiles, split_k), out_shape,
       num_warps=config.num_warps, num_stages=config.num_stages,
       BATCH=problem.batch, M=problem.m, N=problem.n, K=problem.k, **operand_strides(problem),
       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=config.group_m, SPLIT_K=split_k,
-      EVEN_K=problem.k % config.block_k == 0,
+      EVEN_K=problem.k % config.block_k == 0, OUT_M=out_m, OUT_N=out_n,
       UPCAST_OPERANDS=upcast or triton_call.interpreting_bf16(problem.dtype, platform),
       DOT_PRECISION=dot_precision, INDEX_64=needs_index_64(problem))
 
 
-def blocked_matmul(a, b, problem, config, platform, *, upcast: bool, dot_precision: str):
+def blocked_matmul(a, b, problem, config, platform, *, upcast: bool, dot_precision: str,
+                   out_mn=None):
   """Launches `blocked_matmul_kernel` (and sums the split-K slices in fixed order)."""
   split_k = config.split_k
-  launch = blocked_launch(problem, config, platform, upcast=upcast, dot_precision=dot_precision)
+  launch = blocked_launch(problem, config, platform, upcast=upcast, dot_precision=dot_precision,
+                          out_mn=out_mn)
   c = triton_call.call(launch, a, b, platform=platform)
   if split_k == 1:
     return c
   # A fixed left-to-right sum of the slices: deterministic, unlike atomics.
-  partials = c.reshape(split_k, *problem.out_shape)
+  partials = c.reshape(split_k, problem.batch, *c.shape[1:])
   return functools.reduce(operator.add, [partials[i] for i in range(split_k)]).astype(
       problem.out_dtype)
 
 
-def matmul(a, b, problem, config, platform):
+def matmul(a, b, problem, config, platform, out_mn=None):
   """Rung 2: exact fp32 FMA on CUDA cores, operands upcast in registers."""
-  return blocked_matmul(a, b, problem, config, platform, upcast=True, dot_precision="ieee")
+  return blocked_matmul(a, b, problem, config, platform, upcast=True, dot_precision="ieee",
+                        out_mn=out_mn)
