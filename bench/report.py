@@ -1,0 +1,681 @@
+"""The run's outputs: provenance, the long-format CSV, and everything made from it.
+
+Everything after the CSV -- REPORT.md, README_TABLES.md and the PNG plots -- is
+generated from the CSV alone (`python -m bench report <csv>`), so a committed
+CSV reproduces its report and the README's tables.
+
+CSV: one row per measurement (a kernel on a problem, XLA's dot on a problem, a
+training step, one step's loss, the copy bandwidth), with the run's provenance
+(device, driver, versions, git commit, date, timer, input distribution) on
+every row.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import importlib.metadata
+import math
+import os
+import platform as _platform
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+REF = "xla_dot"
+
+PROVENANCE = ["date", "platform", "device", "device_count", "driver", "platform_version",
+              "jax", "jaxlib", "triton", "jax_triton", "numpy", "python", "git_commit",
+              "git_dirty"]
+
+COLUMNS = [
+    "run_id", "suite", "kind", "problem", "backend", "variant", "variant_rank", "dtype",
+    "precision",
+    "batch", "m", "k", "n", "layout", "ladder", "flops", "min_bytes", "arith_intensity",
+    "status", "error", "tolerance", "note",
+    "timer", "iters", "rotate", "working_set_mb",
+    "time_ms_median", "time_ms_p10", "time_ms_p90", "time_ms_iqr", "time_ms_min",
+    "tflops", "pct_peak", "gbps", "pct_copy_bw", "memory_bound",
+    "xla_time_ms", "speedup_vs_xla", "compile_s", "first_run_s",
+    "tokens_per_step", "tokens_per_s", "steps", "step", "loss", "loss_first", "loss_last",
+    "loss_max_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
+    "config", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
+    *PROVENANCE,
+]
+
+NOT_GPU_BANNER = ("**NOT GPU TIMINGS: no GPU was found.** These numbers come from XLA:CPU "
+                  "and the kernels' CPU interpreters on tiny problems; they check that the "
+                  "benchmark and the kernels run and agree with XLA, and say nothing about "
+                  "GPU performance.")
+
+
+# ---------------------------------------------------------------- provenance
+
+def _run(cmd, cwd=None) -> str:
+  try:
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20,
+                          check=False).stdout.strip()
+  except Exception:  # noqa: BLE001
+    return ""
+
+
+def _version(dist: str) -> str:
+  try:
+    return importlib.metadata.version(dist)
+  except importlib.metadata.PackageNotFoundError:
+    return "not installed"
+
+
+def _driver() -> str:
+  v = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+  if v:
+    return v.splitlines()[0].strip()
+  try:
+    text = Path("/proc/driver/nvidia/version").read_text()
+    for tok in text.split():
+      if tok.count(".") >= 1 and tok.replace(".", "").isdigit():
+        return tok
+  except OSError:
+    pass
+  return "unknown"
+
+
+def repo_root() -> Path:
+  return Path(__file__).resolve().parent.parent
+
+
+def provenance() -> dict:
+  import jax  # noqa: PLC0415
+
+  devs = jax.devices()
+  d = devs[0]
+  platform = d.platform
+  on_gpu = platform == "gpu"
+  try:
+    pv = d.client.platform_version
+  except Exception:  # noqa: BLE001
+    pv = ""
+  root = repo_root()
+  commit = _run(["git", "rev-parse", "HEAD"], cwd=root) or "unknown"
+  dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+  return {
+      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+      "platform": platform,
+      "device": getattr(d, "device_kind", str(d)),
+      "device_count": len(devs),
+      "driver": _driver() if on_gpu else "n/a (no GPU)",
+      "platform_version": str(pv).replace("\n", " "),
+      "jax": _version("jax"), "jaxlib": _version("jaxlib"),
+      "triton": _version("triton"), "jax_triton": _version("jax-triton"),
+      "numpy": _version("numpy"), "python": _platform.python_version(),
+      "git_commit": commit, "git_dirty": int(bool(dirty)) if commit != "unknown" else "",
+  }
+
+
+# ---------------------------------------------------------------- CSV
+
+def _fmt(v):
+  if isinstance(v, float):
+    if math.isnan(v):
+      return "nan"
+    return f"{v:.6g}"
+  if isinstance(v, bool):
+    return int(v)
+  return v
+
+
+class CsvWriter:
+  """Appends rows as they come (a crash keeps what was measured)."""
+
+  def __init__(self, path: Path):
+    self.path = Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._f = open(self.path, "w", newline="")
+    self._w = csv.DictWriter(self._f, fieldnames=COLUMNS, extrasaction="ignore")
+    self._w.writeheader()
+    self._f.flush()
+    self.n = 0
+
+  def __call__(self, row: dict):
+    self._w.writerow({k: _fmt(v) for k, v in row.items()})
+    self._f.flush()
+    self.n += 1
+
+  def close(self):
+    self._f.close()
+
+
+def read_csv(path) -> list[dict]:
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def num(x):
+  if x is None or x == "":
+    return None
+  try:
+    v = float(x)
+  except ValueError:
+    return None
+  return v
+
+
+def _geomean(xs):
+  xs = [x for x in xs if x and x > 0]
+  return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+# ---------------------------------------------------------------- analysis
+
+class Run:
+  """The CSV's rows, indexed for the tables and plots."""
+
+  def __init__(self, rows: list[dict]):
+    self.rows = rows
+    self.gemm = [r for r in rows if r["kind"] == "gemm"]
+    self.first = rows[0] if rows else {}
+    self.on_gpu = self.first.get("platform") == "gpu"
+    # backends and their variants in the CSV's order (ladder order as run)
+    self.backend_variants: dict[str, list[str]] = {}
+    rank = {}
+    for r in rows:
+      if r["backend"] in (REF, "") or r["kind"] != "gemm":
+        continue
+      vs = self.backend_variants.setdefault(r["backend"], [])
+      if r["variant"] not in vs:
+        vs.append(r["variant"])
+        rank[(r["backend"], r["variant"])] = num(r.get("variant_rank")) or 0
+    for b, vs in self.backend_variants.items():   # ladder order, as registered when run
+      vs.sort(key=lambda v, b=b: rank[(b, v)])
+    self.suites = []
+    for r in self.gemm:
+      if r["suite"] not in self.suites:
+        self.suites.append(r["suite"])
+
+  @property
+  def own_backends(self) -> list[str]:
+    """Backends with kernels of our own (not the xla backend), else all of them."""
+    own = [b for b in self.backend_variants if b != "xla"]
+    return own or list(self.backend_variants)
+
+  def problems(self, suite: str) -> list[dict]:
+    """The XLA reference row of each problem of `suite`, in run order."""
+    return [r for r in self.gemm if r["suite"] == suite and r["backend"] == REF]
+
+  def kernel_rows(self, suite: str, problem: str) -> list[dict]:
+    return [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
+            and r["backend"] != REF]
+
+  def best(self, suite: str, problem: str, backends) -> dict | None:
+    """The fastest correct kernel row of `backends` on the problem."""
+    ok = [r for r in self.kernel_rows(suite, problem)
+          if r["backend"] in backends and r["status"] == "ok" and num(r["speedup_vs_xla"])]
+    return max(ok, key=lambda r: num(r["speedup_vs_xla"])) if ok else None
+
+  def copy_bw(self):
+    for r in self.rows:
+      if r["kind"] == "copy_bw":
+        return num(r["gbps"])
+    return None
+
+
+def _cell_t(r: dict | None, with_speedup=True) -> str:
+  if r is None:
+    return "-"
+  if r["status"] != "ok":
+    return r["status"]
+  t = num(r["tflops"])
+  s = num(r["speedup_vs_xla"])
+  if with_speedup and s is not None:
+    return f"{_fmt_t(t)} ({_fmt_x(s)})"
+  return _fmt_t(t)
+
+
+def _fmt_t(x):
+  """TFLOP/s: one decimal, or 3 significant digits below 1 (CPU runs)."""
+  return "-" if x is None else (f"{x:.1f}" if x >= 1 else f"{x:.3g}")
+
+
+def _fmt_x(s):
+  return "-" if s is None else (f"{s:.2f}x" if s >= 0.1 else f"{s:.2g}x")
+
+
+def _table(header, rows) -> list[str]:
+  out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+  out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return out
+
+
+def headline_table(run: Run) -> list[str]:
+  """Best jaxgemm kernel (own backends) against XLA, per suite."""
+  own = run.own_backends
+  rows = []
+  for suite in run.suites:
+    probs = run.problems(suite)
+    speedups, wins, losses, bad, best_txt, worst_txt = [], 0, 0, 0, None, None
+    best_s, worst_s = -1, 1e99
+    for p in probs:
+      ks = run.kernel_rows(suite, p["problem"])
+      bad += sum(1 for r in ks if r["status"] in ("fail", "error"))
+      b = run.best(suite, p["problem"], own)
+      if b is None:
+        continue
+      s = num(b["speedup_vs_xla"])
+      speedups.append(s)
+      wins += s > 1
+      losses += s < 1
+      label = f"{p['problem']} {_fmt_x(s)} ({b['backend']}/{b['variant']})"
+      if s > best_s:
+        best_s, best_txt = s, label
+      if s < worst_s:
+        worst_s, worst_txt = s, label
+    xla = [num(p["tflops"]) for p in probs if p["status"] == "ok"]
+    g = _geomean(speedups)
+    rows.append([suite, len(probs), _fmt_t(_geomean(xla)), _fmt_x(g), f"{wins}/{len(speedups)}", losses, bad,
+                 best_txt or "-", worst_txt or "-"])
+  header = ["suite", "problems", "XLA TFLOP/s (geomean)", "best jaxgemm vs XLA (geomean)",
+            "jaxgemm faster", "slower", "failed/errored kernel runs", "best", "worst"]
+  return _table(header, rows)
+
+
+def backend_suite_table(run: Run) -> list[str]:
+  """Per backend (its best variant on each problem): geomean speedup per suite."""
+  bs = list(run.backend_variants)
+  rows = []
+  for suite in run.suites:
+    row = [suite]
+    for b in bs:
+      sp = [num(x["speedup_vs_xla"]) for p in run.problems(suite)
+            if (x := run.best(suite, p["problem"], [b])) is not None]
+      g = _geomean(sp)
+      row.append(f"{_fmt_x(g)} ({len(sp)})" if g else "-")
+    rows.append(row)
+  return _table(["suite", *[f"{b} vs XLA" for b in bs]], rows)
+
+
+def ladder_tables(run: Run) -> list[str]:
+  out = []
+  ladder = [r for r in run.gemm if r["backend"] == REF and r.get("ladder") == "1"]
+  if not ladder:
+    return ["No ladder problems in this run."]
+  probs = [(r["suite"], r["problem"]) for r in ladder]
+  header = ["variant", *[f"{p} ({r['m']}x{r['k']}x{r['n']})" for (_, p), r in zip(probs, ladder)]]
+  for b, vs in run.backend_variants.items():
+    rows = []
+    for v in vs:
+      row = [v]
+      for suite, p in probs:
+        rr = [r for r in run.kernel_rows(suite, p) if r["backend"] == b and r["variant"] == v]
+        row.append(_cell_t(rr[0]) if rr else "-")
+      rows.append(row)
+    rows.append(["XLA dot", *[_cell_t(r, False) for r in ladder]])
+    out += [f"#### Ladder: backend `{b}` (TFLOP/s, speedup vs XLA)", "", *_table(header, rows), ""]
+  return out
+
+
+def suite_table(run: Run, suite: str) -> list[str]:
+  bs = list(run.backend_variants)
+  bw = run.copy_bw()
+  rows = []
+  for p in run.problems(suite):
+    xla = _cell_t(p, False) if p["status"] == "ok" else p["status"]
+    row = [p["problem"], f"{p['m']}x{p['k']}x{p['n']}" + (f" b{p['batch']}" if p["batch"] not in ("", "1") else ""),
+           p["layout"], xla, f"{num(p['pct_peak']):.0f}%" if num(p["pct_peak"]) else "-"]
+    for b in bs:
+      best = run.best(suite, p["problem"], [b])
+      if best is None:
+        st = sorted({r["status"] for r in run.kernel_rows(suite, p["problem"]) if r["backend"] == b})
+        row.append("/".join(st) or "-")
+      else:
+        row.append(f"{_cell_t(best)} {best['variant']}")
+    mb = p.get("memory_bound") == "1" or suite == "skinny"
+    if mb and num(p["gbps"]):
+      pct = f" ({num(p['gbps']) / bw * 100:.0f}% of copy)" if bw else ""
+      row.append(f"XLA {num(p['gbps']):.0f} GB/s{pct}" + "".join(
+          f"; {b} {num(x['gbps']):.0f}" for b in bs
+          if (x := run.best(suite, p["problem"], [b])) is not None))
+    else:
+      row.append("")
+    rows.append(row)
+  header = ["problem", "MxKxN", "layout", "XLA TFLOP/s", "XLA % peak",
+            *[f"{b} best (vs XLA) variant" for b in bs], "memory bound: GB/s"]
+  return _table(header, rows)
+
+
+def training_table(run: Run) -> list[str]:
+  steps = [r for r in run.rows if r["kind"] == "train_step"]
+  if not steps:
+    return []
+  rows = []
+  for r in steps:
+    who = "XLA dot" if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
+    t = num(r["time_ms_median"])
+    rows.append([who, r["status"], f"{t:.3f}" if t else "-",
+                 f"{num(r['tokens_per_s']):,.0f}" if num(r["tokens_per_s"]) else "-",
+                 _fmt_x(num(r["speedup_vs_xla"])),
+                 f"{num(r['loss_first']):.4f} -> {num(r['loss_last']):.4f}" if num(r["loss_first"]) else "-",
+                 f"{num(r['loss_max_rel_diff']):.2e}" if num(r["loss_max_rel_diff"]) is not None else "-",
+                 f"{num(r['grad_rel_err']):.2e}" if num(r["grad_rel_err"]) is not None else "-",
+                 {"1": "yes", "0": "NO"}.get(r.get("agree", ""), "-")])
+  head = steps[0]
+  return [f"Model: {head['problem_note']} ({head['problem']}).", "",
+          *_table(["GEMMs", "status", "step ms (median)", "tokens/s", "vs XLA",
+                   "loss first -> last", "max loss rel diff vs XLA", "step-0 grad rel err",
+                   "agree"], rows)]
+
+
+def problem_list(run: Run) -> list[str]:
+  bad = [r for r in run.rows if r["status"] in ("fail", "error", "skipped")
+         and r["kind"] in ("gemm", "train_step")]
+  unsup = defaultdict(int)
+  for r in run.rows:
+    if r["status"] == "unsupported":
+      unsup[(r["backend"], r["variant"], r["note"][:160])] += 1
+  out = []
+  if bad:
+    out += _table(["suite", "problem", "backend/variant", "status", "note"],
+                  [[r["suite"], r["problem"], f"{r['backend']}/{r['variant']}", r["status"],
+                    r["note"].replace("|", "/")] for r in bad])
+  if unsup:
+    out += ["", "Unsupported (NotImplementedError; reported, not failures):", ""]
+    out += _table(["backend/variant", "problems", "reason"],
+                  [[f"{b}/{v}", n, note.replace("|", "/")] for (b, v, note), n in unsup.items()])
+  return out or ["None."]
+
+
+# ---------------------------------------------------------------- plots
+
+def _plt():
+  import matplotlib  # noqa: PLC0415
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  return plt
+
+
+def plot_size(run: Run, path: Path) -> bool:
+  """TFLOP/s against size, one panel per backend, each with XLA's dot."""
+  suite = "square" if "square" in run.suites else (run.suites[0] if run.suites else None)
+  if suite is None or not run.backend_variants:
+    return False
+  plt = _plt()
+  bs = list(run.backend_variants)
+  fig, axes = plt.subplots(1, len(bs), figsize=(5.5 * len(bs), 4.2), squeeze=False)
+  refs = [r for r in run.problems(suite) if r["status"] == "ok"]
+
+  def size(r):
+    return (num(r["m"]) * num(r["k"]) * num(r["n"])) ** (1 / 3)
+
+  for ax, b in zip(axes[0], bs):
+    refs_sorted = sorted(refs, key=size)
+    ax.plot([size(r) for r in refs_sorted], [num(r["tflops"]) for r in refs_sorted], "k--o",
+            label="XLA dot", linewidth=2, markersize=4)
+    for v in run.backend_variants[b]:
+      pts = sorted(((size(r), num(r["tflops"])) for r in run.gemm
+                    if r["suite"] == suite and r["backend"] == b and r["variant"] == v
+                    and r["status"] == "ok"))
+      if pts:
+        ax.plot(*zip(*pts), "-o", label=v, markersize=3)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (M*K*N)^(1/3)" if suite != "square" else "M = K = N")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"{b}: {suite} suite, {run.first.get('dtype', '')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+  _title(fig, run)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_ladder(run: Run, path: Path) -> bool:
+  ladder = [r for r in run.gemm if r["backend"] == REF and r.get("ladder") == "1"]
+  if not ladder or not run.backend_variants:
+    return False
+  plt = _plt()
+  bs = list(run.backend_variants)
+  fig, axes = plt.subplots(len(bs), 1, figsize=(max(7, 1.8 * len(ladder) + 3), 3.6 * len(bs)),
+                           squeeze=False)
+  for ax, b in zip(axes[:, 0], bs):
+    vs = run.backend_variants[b]
+    labels = ["XLA dot", *vs]
+    width = 0.8 / len(labels)
+    for i, lab in enumerate(labels):
+      ys = []
+      for ref in ladder:
+        if lab == "XLA dot":
+          ys.append(num(ref["tflops"]) or 0)
+          continue
+        rr = [r for r in run.kernel_rows(ref["suite"], ref["problem"])
+              if r["backend"] == b and r["variant"] == lab and r["status"] == "ok"]
+        ys.append(num(rr[0]["tflops"]) if rr else 0)
+      xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(ladder))]
+      ax.bar(xs, ys, width, label=lab, color="black" if lab == "XLA dot" else None)
+    ax.set_xticks(range(len(ladder)))
+    ax.set_xticklabels([f"{r['problem']}\n{r['m']}x{r['k']}x{r['n']}" for r in ladder], fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title(f"kernel ladder: {b} (missing bar = failed/unsupported)")
+    ax.legend(fontsize=7, ncol=min(len(labels), 6))
+    ax.grid(axis="y", alpha=0.3)
+  _title(fig, run)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_ratio(run: Run, path: Path, suite: str = "llm") -> bool:
+  refs = run.problems(suite)
+  if not refs or not run.backend_variants:
+    return False
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(max(8, 0.28 * len(refs) + 3), 4.5))
+  for b in run.backend_variants:
+    ys = []
+    for r in refs:
+      best = run.best(suite, r["problem"], [b])
+      ys.append(num(best["speedup_vs_xla"]) if best else float("nan"))
+    ax.plot(range(len(refs)), ys, "o-", label=f"{b} (best variant)", markersize=4)
+  ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+  ax.set_xticks(range(len(refs)))
+  ax.set_xticklabels([r["problem"] for r in refs], rotation=75, fontsize=6, ha="right")
+  ax.set_ylabel("speedup vs XLA dot (>1: faster)")
+  ax.set_title(f"{suite} suite: each backend's best variant against XLA's dot")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  _title(fig, run)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_bandwidth(run: Run, path: Path) -> bool:
+  refs = [r for r in run.problems("skinny") if r["status"] == "ok"]
+  if not refs:
+    return False
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(7.5, 4.2))
+  groups = defaultdict(list)
+  for r in refs:
+    groups[(r["k"], r["n"])].append(r)
+  for (k, n), rs in groups.items():
+    rs.sort(key=lambda r: num(r["m"]))
+    ax.plot([num(r["m"]) for r in rs], [num(r["gbps"]) for r in rs], "k--o", markersize=3,
+            label=f"XLA K={k} N={n}")
+    for b in run.backend_variants:
+      pts = [(num(r["m"]), num(x["gbps"])) for r in rs
+             if (x := run.best("skinny", r["problem"], [b])) is not None]
+      if pts:
+        ax.plot(*zip(*pts), "-o", markersize=3, label=f"{b} K={k} N={n}")
+  bw = run.copy_bw()
+  if bw:
+    ax.axhline(bw, color="red", linewidth=1, label=f"measured copy {bw:.0f} GB/s")
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("M (tokens)")
+  ax.set_ylabel("GB/s (operands read once, output written once)")
+  ax.set_title("skinny (decode) suite: achieved bandwidth")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=6)
+  _title(fig, run)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def plot_training(run: Run, path: Path) -> bool:
+  losses = defaultdict(list)
+  for r in run.rows:
+    if r["kind"] == "train_loss":
+      who = "XLA dot" if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
+      losses[who].append((int(num(r["step"])), num(r["loss"])))
+  if not losses:
+    return False
+  plt = _plt()
+  fig, ax = plt.subplots(figsize=(7, 4.2))
+  for who, pts in losses.items():
+    pts.sort()
+    style = dict(color="black", linewidth=2.5, alpha=0.5) if who == "XLA dot" else {}
+    ax.plot(*zip(*pts), label=who, **style)
+  ax.set_xlabel("step")
+  ax.set_ylabel("training loss")
+  ax.set_title("training loss: jaxgemm GEMMs vs XLA's dot (same init, same data)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  _title(fig, run)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def _title(fig, run: Run):
+  f = run.first
+  tag = "" if run.on_gpu else "NOT GPU TIMINGS (CPU) - "
+  fig.suptitle(f"{tag}{f.get('device', '')}, jax {f.get('jax', '')}, {f.get('timer', '')}",
+               fontsize=8, y=0.995)
+
+
+PLOTS = {
+    "tflops_vs_size.png": ("TFLOP/s against size, per backend, with XLA's dot", plot_size),
+    "ladder.png": ("The kernel ladder (every variant on the ladder problems)", plot_ladder),
+    "llm_ratio.png": ("Speedup against XLA across the llm suite", plot_ratio),
+    "skinny_bandwidth.png": ("Achieved bandwidth on the skinny (decode) suite", plot_bandwidth),
+    "training_loss.png": ("Training loss trajectories", plot_training),
+}
+
+
+# ---------------------------------------------------------------- documents
+
+def _method(run: Run) -> list[str]:
+  f = run.first
+  bw = run.copy_bw()
+  iters = sorted({r["iters"] for r in run.gemm if r["iters"]})
+  timers = sorted({r["timer"] for r in run.rows if r["timer"]})
+  return [
+      f"- Timer: {', '.join(timers)}. "
+      + ("CUPTI kernel time summed over the kernels of a call (no launch gaps or host overhead). "
+         if any(t == "cupti" for t in timers) else
+         "Wall clock around `block_until_ready` (includes dispatch overhead). ")
+      + f"Warm-up excluded; median and p10/p90 of {', '.join(iters) or '?'} timed calls per row; "
+        "compile time (`compile_s`) and first-run time (`first_run_s`, holds any autotuning) "
+        "are separate columns.",
+      f"- Inputs: {f.get('input_dist', '?')} (seed {f.get('seed', '?')}). Problems smaller "
+      "than about twice the L2 rotate among several independent input sets (`rotate`, "
+      "`working_set_mb` columns); one call's time is the set's total over `rotate`.",
+      "- Correctness gate: every kernel's output is compared with XLA's on the same inputs "
+      "before it is timed (relative Frobenius error against a per-dtype tolerance: bf16 1e-2, "
+      "fp16 5e-3, fp32/TF32 5e-3, fp32-highest 1e-4); a wrong result is a `fail` row with no time.",
+      "- Speedup = XLA's median time / the kernel's median time (>1: the kernel is faster). "
+      "% peak against the datasheet dense peak (bf16/fp16 989, TF32 495, fp32 67 TFLOP/s) "
+      "on H100/H200; GB/s counts each operand read once and the output written once"
+      + (f", against a measured copy bandwidth of {bw:.0f} GB/s." if bw else "."),
+  ]
+
+
+def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
+  f = run.first
+  lines = [f"# jaxgemm vs XLA's dot: run `{f.get('run_id', '?')}`", ""]
+  if not run.on_gpu:
+    lines += [f"> {NOT_GPU_BANNER}", ""]
+  lines += [f"Generated from `{csv_name}` by `python -m bench report {csv_name}`.", ""]
+  lines += ["## Provenance", ""]
+  lines += _table(["field", "value"], [[k, f.get(k, "")] for k in PROVENANCE]
+                  + [["dtype", f.get("dtype", "")], ["precision", f.get("precision", "")]])
+  lines += ["", "## Method", "", *_method(run), ""]
+  lines += ["## Headline: best jaxgemm kernel vs XLA, per suite", ""]
+  if run.own_backends == ["xla"]:
+    lines += ["Only the `xla` backend is registered: the 'best jaxgemm' column is XLA through "
+              "jaxgemm's primitive (a sanity check, expected near 1.00x).", ""]
+  lines += [*headline_table(run), "", "Per backend (its best variant per problem), geomean "
+            "speedup vs XLA (number of problems):", "", *backend_suite_table(run), ""]
+  lines += ["## Kernel ladders", "", *ladder_tables(run), ""]
+  for suite in run.suites:
+    lines += [f"## Suite `{suite}`", "", *suite_table(run, suite), ""]
+  tt = training_table(run)
+  if tt:
+    lines += ["## Training step", "", *tt, ""]
+  lines += ["## Failures, errors, skips", "", *problem_list(run), ""]
+  lines += ["## Plots", ""]
+  for name, (caption, _) in PLOTS.items():
+    if name not in plots:
+      continue
+    lines += [f"### {caption}", "", f"![{caption}](plots/{name})", ""]
+  return "\n".join(lines)
+
+
+def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
+  """The block the README shows: headline, ladders, training, plots (from the CSV)."""
+  f = run.first
+  lines = ["<!-- generated by `python -m bench report`; do not edit by hand -->", ""]
+  if not run.on_gpu:
+    lines += [f"> {NOT_GPU_BANNER}", ""]
+  lines += [f"{f.get('device', '?')}, jax {f.get('jax', '?')}, triton {f.get('triton', '?')}, "
+            f"{f.get('dtype', '?')}, timer {f.get('timer', '?')}, commit "
+            f"`{f.get('git_commit', '?')[:10]}`, {f.get('date', '?')}.", ""]
+  lines += [*headline_table(run), "", *ladder_tables(run)]
+  tt = training_table(run)
+  if tt:
+    lines += ["#### Training step", "", *tt, ""]
+  for name, (caption, _) in PLOTS.items():
+    if name in plots:
+      lines += [f"![{caption}]({plots_rel}/{name})", ""]
+  return "\n".join(lines)
+
+
+def generate(csv_path, out_dir=None) -> dict:
+  """REPORT.md, README_TABLES.md and plots/ from a CSV; returns their paths."""
+  csv_path = Path(csv_path)
+  out_dir = Path(out_dir) if out_dir else csv_path.parent
+  out_dir.mkdir(parents=True, exist_ok=True)
+  run = Run(read_csv(csv_path))
+  plots_dir = out_dir / "plots"
+  plots_dir.mkdir(exist_ok=True)
+  made = {}
+  for name, (_, fn) in PLOTS.items():
+    p = plots_dir / name
+    try:
+      ok = fn(run, p)
+    except Exception as e:  # noqa: BLE001 (a plot must not lose the report)
+      print(f"  plot {name} failed: {type(e).__name__}: {e}")
+      ok = False
+    if ok:
+      made[name] = p
+    elif p.exists():
+      p.unlink()
+  try:
+    csv_rel = os.path.relpath(csv_path, out_dir)
+  except ValueError:
+    csv_rel = str(csv_path)
+  report = out_dir / "REPORT.md"
+  report.write_text(report_markdown(run, csv_rel, made))
+  try:
+    plots_rel = Path(os.path.relpath(plots_dir.resolve(), repo_root())).as_posix()
+    if plots_rel.startswith(".."):
+      plots_rel = "plots"
+  except ValueError:
+    plots_rel = "plots"
+  tables = out_dir / "README_TABLES.md"
+  tables.write_text(readme_tables(run, plots_rel, made))
+  return {"report": report, "readme_tables": tables, "plots": made}

@@ -1,0 +1,579 @@
+"""Runs GEMM problems on every kernel and on XLA's dot, checks, times, records.
+
+For each problem, in one process:
+
+1. random-normal inputs (``jax.random.normal``, mean 0, std 1, in the
+   problem's dtype), rotated among several independent copies when the
+   problem is smaller than about twice the L2;
+2. XLA's dot (``lax.dot_general``, exactly what ``jnp.matmul`` runs) is
+   compiled, run and timed: the reference, backend ``xla_dot``;
+3. every chosen (backend, variant) runs through ``jaxgemm.matmul`` (or
+   ``jaxgemm.dot_general`` for transposed layouts): compiled (compile time
+   recorded), run once (first-run time, which holds any autotuning, recorded),
+   its output checked against XLA's (relative Frobenius error against a
+   per-dtype tolerance) and only then timed. A wrong result is a ``fail``
+   row with its error and no time; ``NotImplementedError`` is an
+   ``unsupported`` row; any other exception is an ``error`` row, and the run
+   goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxgemm
+from jaxgemm import registry
+
+from . import problems as P
+from .timing import Timer, summarize
+
+REF = "xla_dot"           # XLA's own dot, the baseline every kernel is compared with
+REF_VARIANT = "lax.dot_general"
+
+# Relative Frobenius error ||C - C_xla|| / ||C_xla|| a kernel may have. Both
+# results are rounded to the output dtype; an honest kernel differs from XLA by
+# accumulation order (and TF32 rounding for fp32), far below these. A kernel
+# that drops even one of K=4097's contraction columns is above them.
+TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 5e-3, "fp32-highest": 1e-4}
+
+# Dense peaks of an H100/H200 SXM (TFLOP/s), by run dtype.
+PEAK_TFLOPS = {"bf16": 989.0, "fp16": 989.0, "fp32": 495.0, "fp32-highest": 67.0}
+PEAK_DEVICES = ("H200", "H100")
+L2_BYTES = {"H200": 60 * 2**20, "H100": 50 * 2**20}
+DEFAULT_L2_BYTES = 60 * 2**20
+
+INPUT_DIST = "normal(0,1) via jax.random.normal in the operand dtype"
+
+STATUS_OK, STATUS_FAIL, STATUS_UNSUPPORTED, STATUS_ERROR, STATUS_SKIPPED = (
+    "ok", "fail", "unsupported", "error", "skipped")
+
+
+def peak_tflops(device_kind: str, dtype_name: str) -> float | None:
+  if any(d in device_kind for d in PEAK_DEVICES):
+    return PEAK_TFLOPS[dtype_name]
+  return None
+
+
+def l2_bytes(device_kind: str) -> int:
+  for d, b in L2_BYTES.items():
+    if d in device_kind:
+      return b
+  return DEFAULT_L2_BYTES
+
+
+def precision_of(dtype_name: str):
+  p = P.DTYPES[dtype_name][1]
+  return None if p is None else lax.Precision[p]
+
+
+def is_not_implemented(e: BaseException) -> bool:
+  """NotImplementedError, possibly wrapped by JAX's tracing/lowering."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if isinstance(e, NotImplementedError):
+      return True
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return False
+
+
+def short_error(e: BaseException, limit: int = 300) -> str:
+  msg = f"{type(e).__name__}: {e}".replace("\n", " ").replace("\r", " ")
+  return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+# ---------------------------------------------------------------- functions
+
+def ref_fn(bp: P.BenchProblem, dtype_name: str) -> Callable:
+  """XLA's dot for the problem's layout: what jnp.matmul / lax.dot_general run."""
+  dims = bp.dimension_numbers()
+  prec = precision_of(dtype_name)
+  out_dtype = P.dtype_of(dtype_name)
+
+  def xla_dot(a, b):
+    return lax.dot_general(a, b, dims, precision=prec, preferred_element_type=out_dtype)
+  return xla_dot
+
+
+def kernel_fn(bp: P.BenchProblem, dtype_name: str, backend: str, variant: str) -> Callable:
+  """jaxgemm's kernel (backend, variant) for the problem, through the public API."""
+  prec = precision_of(dtype_name)
+  if not bp.trans_a and not bp.trans_b:
+    def gemm(a, b):
+      return jaxgemm.matmul(a, b, precision=prec, backend=backend, variant=variant)
+  else:
+    dims = bp.dimension_numbers()
+
+    def gemm(a, b):
+      return jaxgemm.dot_general(a, b, dims, precision=prec, backend=backend,
+                                 variant=variant)
+  return gemm
+
+
+def gemm_problem(bp: P.BenchProblem, dtype_name: str) -> registry.GemmProblem:
+  """The canonical problem jaxgemm's API makes of `bp` (2-D operands fold to batch 1)."""
+  dt = np.dtype(P.dtype_of(dtype_name))
+  prec = precision_of(dtype_name)
+  return registry.GemmProblem(batch=bp.batch, m=bp.m, n=bp.n, k=bp.k, dtype=dt, out_dtype=dt,
+                              acc_dtype=np.dtype(np.float32), trans_a=bp.trans_a,
+                              trans_b=bp.trans_b,
+                              precision=None if prec is None else (prec, prec))
+
+
+def default_variant(backend: str, bp: P.BenchProblem | None, dtype_name: str) -> str:
+  """The variant the backend picks for the problem when none is named (its best)."""
+  b = registry.get_backend(backend)
+  if bp is not None and hasattr(b, "default_variant"):
+    try:
+      return b.default_variant(gemm_problem(bp, dtype_name))
+    except Exception:  # noqa: BLE001 (fall back to the ladder's top)
+      pass
+  best = getattr(b, "best_variant", None)
+  return best if isinstance(best, str) else b.variants[-1]
+
+
+def kernel_config(bp: P.BenchProblem, dtype_name: str, backend: str, variant: str) -> str:
+  """The config the backend picks for this problem (JSON), or '' if unknown."""
+  try:
+    b = registry.get_backend(backend)
+    return b.default_config(gemm_problem(bp, dtype_name), variant).to_json()
+  except Exception:  # noqa: BLE001 (the config is information, not a requirement)
+    return ""
+
+
+def _rank(backend: str, variant: str):
+  """The variant's rung in the backend's ladder (0 = simplest)."""
+  try:
+    return list(jaxgemm.variants(backend)).index(variant)
+  except (ValueError, KeyError):
+    return ""
+
+
+def rotated(fn: Callable, n: int) -> Callable:
+  """f(a0, b0, a1, b1, ...) -> (fn(a0, b0), fn(a1, b1), ...), for one jit."""
+  def f(*bufs):
+    return tuple(fn(bufs[2 * i], bufs[2 * i + 1]) for i in range(n))
+  return f
+
+
+@jax.jit
+def _rel_err(x, y):
+  x = x.astype(jnp.float32)
+  y = y.astype(jnp.float32)
+  return jnp.linalg.norm((x - y).ravel()) / jnp.linalg.norm(y.ravel())
+
+
+def rel_error(outs, refs) -> float:
+  """Largest relative Frobenius error over the rotated outputs (nan if any is)."""
+  errs = [float(_rel_err(o, r)) for o, r in zip(outs, refs)]
+  return float("nan") if any(not math.isfinite(e) for e in errs) else max(errs)
+
+
+# ---------------------------------------------------------------- the run
+
+@dataclasses.dataclass
+class Context:
+  """What every measurement of a run shares."""
+
+  platform: str                     # "gpu" or "cpu"
+  device_kind: str
+  timer: Timer
+  iters: int
+  dtype_name: str
+  provenance: dict[str, Any]
+  emit: Callable[[dict], None]      # writes one CSV row
+  log: Callable[[str], None] = print
+  seed: int = 0
+  max_rotate: int = 32
+  copy_bw_gbps: float | None = None
+  cpu_call_budget_s: float = 1.0    # interpreted calls slower than this are not timed
+  cpu_max_gflop: float = 0.05       # bigger problems are skipped on a CPU
+  run_id: str = ""
+  slow: dict = dataclasses.field(default_factory=dict)  # (backend, variant) -> s per call
+  call_s: dict = dataclasses.field(default_factory=dict)  # (backend, variant) -> slowest first call
+  best_seen: set = dataclasses.field(default_factory=set)  # (backend, default variant) pairs
+  exclude: tuple = ()               # --exclude patterns
+  kernel_timeout_s: float = 0       # 0: no watchdog
+  on_hang: Callable | None = None   # writes the report before a hung run exits
+  verbose: bool = False
+
+  @property
+  def on_gpu(self) -> bool:
+    return self.platform == "gpu"
+
+  @property
+  def peak(self) -> float | None:
+    return peak_tflops(self.device_kind, self.dtype_name) if self.on_gpu else None
+
+
+def base_row(ctx: Context, suite: str, kind: str, backend: str, variant: str,
+             bp: P.BenchProblem | None = None, dtype_name: str | None = None) -> dict:
+  dtype_name = dtype_name or ctx.dtype_name
+  row = {
+      "run_id": ctx.run_id, "suite": suite, "kind": kind,
+      "problem": bp.name if bp else "", "backend": backend, "variant": variant,
+      "dtype": dtype_name, "precision": P.DTYPES[dtype_name][1] or "DEFAULT",
+      "status": "", "timer": ctx.timer.label, "iters": "",
+      "input_dist": INPUT_DIST, "seed": ctx.seed,
+      "peak_tflops": ctx.peak or "", "copy_bw_gbps": ctx.copy_bw_gbps or "",
+  }
+  if bp is not None:
+    row.update({
+        "batch": bp.batch, "m": bp.m, "k": bp.k, "n": bp.n, "layout": bp.layout,
+        "ladder": int(bp.ladder), "flops": bp.flops,
+        "min_bytes": bp.min_bytes(dtype_name),
+        "arith_intensity": round(bp.flops / bp.min_bytes(dtype_name), 3),
+        "problem_note": bp.note,
+    })
+  row.update(ctx.provenance)
+  return row
+
+
+def _metrics(ctx: Context, bp: P.BenchProblem, dtype_name: str, stats: dict,
+             ref_median_ms: float | None) -> dict:
+  t = stats["median_ms"] * 1e-3
+  tflops = bp.flops / t / 1e12
+  gbps = bp.min_bytes(dtype_name) / t / 1e9
+  out = {
+      "time_ms_median": stats["median_ms"], "time_ms_p10": stats["p10_ms"],
+      "time_ms_p90": stats["p90_ms"], "time_ms_iqr": stats["iqr_ms"],
+      "time_ms_min": stats["min_ms"], "iters": stats["n"],
+      "tflops": tflops, "gbps": gbps,
+  }
+  peak = peak_tflops(ctx.device_kind, dtype_name) if ctx.on_gpu else None
+  if peak:
+    out["pct_peak"] = 100 * tflops / peak
+  if ctx.copy_bw_gbps:
+    out["pct_copy_bw"] = 100 * gbps / ctx.copy_bw_gbps
+  if peak and ctx.copy_bw_gbps:
+    ridge = peak * 1e12 / (ctx.copy_bw_gbps * 1e9)   # flop/byte where the roofline bends
+    out["memory_bound"] = int(bp.flops / bp.min_bytes(dtype_name) < ridge)
+  if ref_median_ms:
+    out["xla_time_ms"] = ref_median_ms
+    out["speedup_vs_xla"] = ref_median_ms / stats["median_ms"]
+  return out
+
+
+def _compile_and_run(fn, bufs, n_rot):
+  """(compiled, outputs, compile_s, first_run_s)."""
+  t0 = time.perf_counter()
+  compiled = jax.jit(rotated(fn, n_rot)).lower(*bufs).compile()
+  t1 = time.perf_counter()
+  outs = jax.block_until_ready(compiled(*bufs))
+  t2 = time.perf_counter()
+  return compiled, outs, t1 - t0, t2 - t1
+
+
+def make_inputs(bp: P.BenchProblem, dtype_name: str, n_rot: int, seed: int):
+  dt = P.dtype_of(dtype_name)
+  key = jax.random.key(seed)
+  bufs = []
+  for i in range(n_rot):
+    ka, kb = jax.random.split(jax.random.fold_in(key, i))
+    bufs.append(jax.random.normal(ka, bp.a_shape(), dt))
+    bufs.append(jax.random.normal(kb, bp.b_shape(), dt))
+  return jax.block_until_ready(bufs)
+
+
+def choose_kernels(bp: P.BenchProblem, backends: list[str], variants_policy,
+                   dtype_name: str, slow=(), best_seen: set | None = None
+                   ) -> list[tuple[str, str, str]]:
+  """(backend, variant, note) triples to run on `bp`.
+
+  variants_policy: "ladder" (every variant on ladder problems, each backend's
+  best -- the variant it picks for the problem when none is named --
+  elsewhere), "best", "all", or a list of variant names. `slow` holds
+  (backend, variant) pairs too slow to run here (interpreted, on a CPU): the
+  best is then replaced by the highest rung below it that is not slow, and
+  the note says so.
+  """
+  out = []
+  for b in backends:
+    vs = list(jaxgemm.variants(b))
+    if isinstance(variants_policy, (list, tuple)):
+      out.extend((b, v, "") for v in vs if v in variants_policy)
+    elif variants_policy == "all" or (variants_policy == "ladder" and bp.ladder):
+      out.extend((b, v, "") for v in vs)
+    else:
+      best = default_variant(b, bp, dtype_name)
+      if best_seen is not None:
+        best_seen.add((b, best))
+      if (b, best) not in slow or best not in vs:
+        out.append((b, best, ""))
+        continue
+      lower = [v for v in reversed(vs[:vs.index(best)]) if (b, v) not in slow]
+      if lower:
+        out.append((b, lower[0], f"CPU: best variant {best!r} is too slow interpreted "
+                                 f"({slow[(b, best)]:.1f} s per call); ran {lower[0]!r}"))
+      else:
+        out.append((b, best, ""))   # run_problem records it as skipped, saying why
+  return out
+
+
+def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]],
+                make_fn: Callable = kernel_fn) -> list[dict]:
+  """XLA's dot and every kernel on one problem; returns (and emits) the rows."""
+  dtype_name = bp.dtype or ctx.dtype_name
+  rows = []
+
+  def emit(row):
+    rows.append(row)
+    ctx.emit(row)
+
+  if not ctx.on_gpu and bp.flops > ctx.cpu_max_gflop * 1e9:
+    row = base_row(ctx, bp.suite, "gemm", REF, REF_VARIANT, bp, dtype_name)
+    row.update(status=STATUS_SKIPPED,
+               note=f"skipped on CPU: {bp.flops / 1e9:.2f} GFLOP is above "
+                    f"--cpu-max-gflop={ctx.cpu_max_gflop}")
+    emit(row)
+    return rows
+
+  set_bytes = bp.min_bytes(dtype_name)
+  n_rot = P.rotation(set_bytes, l2_bytes(ctx.device_kind), ctx.max_rotate) if ctx.on_gpu else 1
+  rot = {"rotate": n_rot, "working_set_mb": round(n_rot * set_bytes / 2**20, 3)}
+
+  # ---- XLA's dot: reference result and baseline time.
+  ref_row = base_row(ctx, bp.suite, "gemm", REF, REF_VARIANT, bp, dtype_name)
+  ref_row.update(rot)
+  try:
+    bufs = make_inputs(bp, dtype_name, n_rot, ctx.seed)
+    compiled, refs, c_s, f_s = _compile_and_run(ref_fn(bp, dtype_name), bufs, n_rot)
+    ref_norm = float(jnp.linalg.norm(refs[0].astype(jnp.float32).ravel()))
+    if not math.isfinite(ref_norm) or ref_norm == 0:
+      raise RuntimeError(f"XLA's result has norm {ref_norm}: inputs or XLA broken")
+    samples = [t / n_rot for t in ctx.timer.time(compiled, bufs, ctx.iters)]
+    stats = summarize(samples)
+    ref_row.update(status=STATUS_OK, compile_s=c_s, first_run_s=f_s,
+                   timer=ctx.timer.label, error=0.0,
+                   **_metrics(ctx, bp, dtype_name, stats, stats["median_ms"]))
+    ref_median = stats["median_ms"]
+    del compiled
+  except Exception as e:  # noqa: BLE001 (record and go on)
+    ref_row.update(status=STATUS_ERROR, note=short_error(e))
+    emit(ref_row)
+    ctx.log(f"  {bp.name}: XLA reference failed: {short_error(e)}")
+    return rows
+  emit(ref_row)
+
+  for backend, variant, why in kernels:
+    row = base_row(ctx, bp.suite, "gemm", backend, variant, bp, dtype_name)
+    if why:
+      row["note"] = why
+    row.update(rot, tolerance=TOLERANCE[dtype_name],
+               config=kernel_config(bp, dtype_name, backend, variant),
+               variant_rank=_rank(backend, variant))
+    key = (backend, variant)
+    if excluded(ctx.exclude, backend, variant, bp.name):
+      row.update(status=STATUS_SKIPPED, note="excluded by --exclude")
+    elif not ctx.on_gpu and key in ctx.slow:
+      row.update(status=STATUS_SKIPPED,
+                 note=f"skipped on CPU: an earlier interpreted call of this variant "
+                      f"took {ctx.slow[key]:.1f} s (budget {ctx.cpu_call_budget_s} s)")
+    else:
+      with Watchdog(ctx, row, f"{backend}/{variant} on {bp.name}"):
+        _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_median)
+    emit(row)
+  del bufs, refs
+  return rows
+
+
+def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_median):
+  """Compile, run, check against XLA, then time one kernel; fills `row`."""
+  backend, variant = row["backend"], row["variant"]
+  key = (backend, variant)
+  tol = TOLERANCE[dtype_name]
+  try:
+    fn = make_fn(bp, dtype_name, backend, variant)
+    compiled, outs, c_s, f_s = _compile_and_run(fn, bufs, n_rot)
+  except Exception as e:  # noqa: BLE001
+    unsupported = is_not_implemented(e)
+    row.update(status=STATUS_UNSUPPORTED if unsupported else STATUS_ERROR, note=short_error(e))
+    if not unsupported and ctx.verbose:
+      traceback.print_exc()
+    return
+  row.update(compile_s=c_s, first_run_s=f_s)
+  ctx.call_s[key] = max(ctx.call_s.get(key, 0.0), f_s / n_rot)
+  try:
+    err = rel_error(outs, refs)
+    del outs
+    row["error"] = err
+    if not (err <= tol):   # also catches nan
+      row.update(status=STATUS_FAIL,
+                 note=f"wrong result: relative Frobenius error {err:.3g} "
+                      f"> tolerance {tol:g} against XLA; not timed")
+      return
+    budget = ctx.cpu_call_budget_s
+    if not ctx.on_gpu and budget < f_s / n_rot <= 3 * budget:
+      # The first interpreted call may hold one-time set-up: judge by a second one.
+      t0 = time.perf_counter()
+      jax.block_until_ready(compiled(*bufs))
+      f_s = min(f_s, time.perf_counter() - t0)
+      ctx.call_s[key] = f_s / n_rot
+    if not ctx.on_gpu and f_s / n_rot > budget:
+      ctx.slow[key] = f_s / n_rot
+      row.update(status=STATUS_SKIPPED,
+                 note=f"correct, but not timed: one interpreted call took "
+                      f"{f_s:.1f} s (CPU budget {budget:g} s per call)")
+      return
+    samples = [t / n_rot for t in ctx.timer.time(compiled, bufs, ctx.iters)]
+    stats = summarize(samples)
+    row.update(status=STATUS_OK, timer=ctx.timer.label,
+               **_metrics(ctx, bp, dtype_name, stats, ref_median))
+  except Exception as e:  # noqa: BLE001
+    row.update(status=STATUS_UNSUPPORTED if is_not_implemented(e) else STATUS_ERROR,
+               note=short_error(e))
+
+
+def excluded(patterns, backend: str, variant: str, problem: str) -> bool:
+  """--exclude: 'backend/variant' or 'backend/variant@problem', shell-style globs."""
+  for pat in patterns or ():
+    who, _, prob = pat.partition("@")
+    if "/" not in who:
+      who += "/*"
+    if fnmatch.fnmatchcase(f"{backend}/{variant}", who) and fnmatch.fnmatchcase(problem, prob or "*"):
+      return True
+  return False
+
+
+class Watchdog:
+  """Ends a run whose kernel hangs, keeping what was measured.
+
+  A kernel that never returns (a deadlocked GPU kernel, an interpreter stuck
+  in a callback) cannot be interrupted from Python. After `ctx.kernel_timeout_s`
+  this records the kernel as an `error` row saying it hung, lets the run
+  write its report (`ctx.on_hang`), and exits the process with status 3.
+  """
+
+  def __init__(self, ctx: Context, row: dict, what: str, factor: float = 1.0):
+    self.ctx, self.row, self.what, self.factor = ctx, row, what, factor
+    self._timer = None
+
+  def _fire(self):
+    t = self.ctx.kernel_timeout_s * self.factor
+    msg = (f"{self.what} did not finish within {t:g} s (--kernel-timeout): hung? "
+           "Recorded as an error; rerun with --exclude to skip it.")
+    sys.stdout.write(f"\nTIMEOUT: {msg}\n")
+    sys.stdout.flush()
+    self.row.update(status=STATUS_ERROR, note=f"timeout: {msg}")
+    try:
+      self.ctx.emit(self.row)
+      if self.ctx.on_hang is not None:
+        self.ctx.on_hang()
+    finally:
+      sys.stdout.flush()
+      os._exit(3)
+
+  def __enter__(self):
+    if self.ctx.kernel_timeout_s:
+      self._timer = threading.Timer(self.ctx.kernel_timeout_s * self.factor, self._fire)
+      self._timer.daemon = True
+      self._timer.start()
+    return self
+
+  def __exit__(self, *exc):
+    if self._timer is not None:
+      self._timer.cancel()
+    return False
+
+
+def measure_copy_bandwidth(timer: Timer, platform: str, iters: int) -> tuple[float, str]:
+  """GB/s of a large device-to-device copy (read + write of 1 GiB on a GPU)."""
+  n = 2**28 if platform == "gpu" else 2**22     # float32 elements: 1 GiB / 16 MiB
+  x = jax.block_until_ready(jax.random.normal(jax.random.key(1), (n,), jnp.float32))
+  f = jax.jit(lambda x: -x).lower(x).compile()   # one elementwise kernel: read n, write n
+  jax.block_until_ready(f(x))
+  stats = summarize(timer.time(f, (x,), iters))
+  gbps = 2 * 4 * n / (stats["median_ms"] * 1e-3) / 1e9
+  del x
+  return gbps, f"negate of {4 * n / 2**20:.0f} MiB float32 (read + write), median of {iters}"
+
+
+# ---------------------------------------------------------------- progress
+
+class Progress:
+  """A progress bar per suite: tqdm when importable, else a printed line."""
+
+  def __init__(self, total: int, desc: str, stream=sys.stdout):
+    self.total, self.desc, self.n, self.stream = total, desc, 0, stream
+    self._bar = None
+    self._t0 = time.perf_counter()
+    try:
+      from tqdm import tqdm  # noqa: PLC0415 (optional)
+      self._bar = tqdm(total=total, desc=desc, unit="run", file=stream, leave=True)
+    except ImportError:
+      pass
+
+  def update(self, what: str = ""):
+    self.n += 1
+    if self._bar is not None:
+      self._bar.set_postfix_str(what[:40])
+      self._bar.update(1)
+      return
+    el = time.perf_counter() - self._t0
+    width = 24
+    filled = int(width * self.n / max(self.total, 1))
+    self.stream.write(f"  [{self.desc}] [{'#' * filled}{'.' * (width - filled)}] "
+                      f"{self.n}/{self.total} {el:6.1f}s {what}\n")
+    self.stream.flush()
+
+  def write(self, msg: str):
+    if self._bar is not None:
+      self._bar.write(msg)
+    else:
+      self.stream.write(msg + "\n")
+      self.stream.flush()
+
+  def close(self):
+    if self._bar is not None:
+      self._bar.close()
+
+
+def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backends: list[str],
+                   variants_policy, make_fn: Callable = kernel_fn) -> list[dict]:
+  bar = Progress(len(probs), suite)
+  log = ctx.log
+  ctx.log = bar.write
+  rows = []
+  try:
+    for bp in probs:
+      kernels = choose_kernels(bp, backends, variants_policy, bp.dtype or ctx.dtype_name,
+                               slow={} if ctx.on_gpu else ctx.slow, best_seen=ctx.best_seen)
+      r = run_problem(ctx, bp, kernels, make_fn)
+      rows.extend(r)
+      bar.write(one_line(bp, r))
+      bar.update(bp.name)
+  finally:
+    ctx.log = log
+    bar.close()
+  return rows
+
+
+def one_line(bp: P.BenchProblem, rows: list[dict]) -> str:
+  """A problem's result in one printed line."""
+  parts = []
+  for r in rows:
+    who = REF if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
+    if r["status"] == STATUS_OK:
+      t = r["tflops"]
+      t = f"{t:.1f}" if t >= 1 else f"{t:.3g}"
+      if r["backend"] == REF:
+        parts.append(f"{who} {t} TFLOP/s")
+      else:
+        s = r["speedup_vs_xla"]
+        parts.append(f"{who} {t} ({s:.2f}x)" if s >= 0.1 else f"{who} {t} ({s:.2g}x)")
+    else:
+      parts.append(f"{who} {r['status'].upper()}")
+  return f"    {bp.name:<28} {bp.size_label():>20} " + " | ".join(parts)

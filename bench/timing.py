@@ -1,0 +1,109 @@
+"""Timers: CUPTI kernel time on a GPU, wall clock as a labelled fallback.
+
+`Timer.time(compiled, args, iters)` runs an already compiled, already warmed
+up function `iters` more times and returns the per-iteration times in
+milliseconds. On a GPU these are CUPTI's kernel times summed over the kernels
+one call launches (`jax.experimental.mosaic.gpu.profiler.measure`, which does
+one more warm-up call of its own before it starts recording); launch gaps
+and host overhead are not in them. Elsewhere, or if CUPTI cannot be used,
+they are wall-clock times of `block_until_ready(f(*args))`, and the timer's
+label says so on every row.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import jax
+import numpy as np
+
+CUPTI = "cupti"
+WALL = "wallclock"
+
+
+def summarize(samples_ms) -> dict[str, float]:
+  """Median and spread of a list of times (ms)."""
+  x = np.asarray(samples_ms, dtype=np.float64)
+  p10, p25, p50, p75, p90 = np.percentile(x, [10, 25, 50, 75, 90])
+  return {"median_ms": float(p50), "p10_ms": float(p10), "p90_ms": float(p90),
+          "iqr_ms": float(p75 - p25), "min_ms": float(x.min()), "n": int(x.size)}
+
+
+def _wall(f, args, iters):
+  out = []
+  for _ in range(iters):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    out.append((time.perf_counter() - t0) * 1e3)
+  return out
+
+
+def _as_list(timings, iters) -> list[float]:
+  """measure()'s timings as `iters` floats (ms); it returns a float for one."""
+  if timings is None:
+    raise RuntimeError("CUPTI recorded no kernel launches (nothing ran on the GPU?)")
+  if isinstance(timings, (int, float)):
+    timings = [timings]
+  out = []
+  for t in timings:
+    if isinstance(t, (list, tuple)):      # per-kernel (name, ms) pairs
+      t = sum(x[1] if isinstance(x, (list, tuple)) else x for x in t)
+    out.append(float(t))
+  if len(out) != iters:
+    raise RuntimeError(f"CUPTI returned {len(out)} timings for {iters} iterations")
+  return out
+
+
+class Timer:
+  """Picks CUPTI on a GPU (if its profiler imports), else wall clock."""
+
+  def __init__(self, platform: str, force_wall: bool = False):
+    self.platform = platform
+    self._measure = None
+    self._takes_iterations = False
+    self.fallback_reason = ""
+    if platform == "gpu" and not force_wall:
+      try:
+        from jax.experimental.mosaic.gpu import profiler  # noqa: PLC0415
+        self._measure = profiler.measure
+        params = inspect.signature(profiler.measure).parameters
+        self._takes_iterations = "iterations" in params
+      except Exception as e:  # noqa: BLE001 (any import failure means: no CUPTI)
+        self.fallback_reason = f"CUPTI profiler unavailable: {type(e).__name__}: {e}"
+    elif platform == "gpu":
+      self.fallback_reason = "wall clock forced (--wallclock)"
+    elif platform != "gpu":
+      self.fallback_reason = f"no GPU ({platform})"
+
+  @property
+  def label(self) -> str:
+    if self._measure is not None:
+      return CUPTI
+    return f"{WALL} ({self.fallback_reason})" if self.fallback_reason else WALL
+
+  @property
+  def is_device_timer(self) -> bool:
+    return self._measure is not None
+
+  def time(self, f, args, iters: int) -> list[float]:
+    """`iters` per-call times (ms) of f(*args); f is warmed up by the caller."""
+    if self._measure is None:
+      return _wall(f, args, iters)
+    try:
+      if self._takes_iterations:
+        _, timings = self._measure(f, iterations=iters)(*args)
+        return _as_list(timings, iters)
+      # Older profilers time one call per measure() (plus a warm-up each).
+      out = []
+      for _ in range(iters):
+        _, t = self._measure(f)(*args)
+        out.extend(_as_list(t, 1))
+      return out
+    except RuntimeError as e:
+      if "not supported" in str(e):
+        # CUPTI itself is unusable here: fall back for the rest of the run.
+        self.fallback_reason = f"CUPTI failed: {e}"
+        self._measure = None
+        return _wall(f, args, iters)
+      raise

@@ -1,0 +1,380 @@
+"""The `training` suite: a real training step on jaxgemm against the same on XLA.
+
+A small decoder-only transformer (RMSNorm, causal multi-head attention, GELU
+MLP, untied output projection) whose dense layers -- QKV, attention output,
+MLP up and down, and the logits -- all call `jaxgemm.matmul` with the chosen
+backend and variant; the gradient then runs jaxgemm's backward GEMMs (matmul_p's
+transpose rules) on the same kernels. Attention's score and value products,
+norms and softmax stay on XLA in both models, so the two differ only in their
+dense GEMMs. The optimizer is Adam written in plain JAX (no optax).
+
+The task is learnable, so the loss falls: tokens are uniform random, the target
+of each position is a fixed random permutation of its token. Both models start
+from the same parameters and see the same batches; the suite reports the step
+time (device time of one jit-compiled step: forward, backward, Adam update),
+tokens per second, the loss trajectory of both, and checks that they agree:
+step 0's loss and gradients closely, the whole trajectory within a per-dtype
+tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+import jaxgemm
+
+from . import problems as P
+from .runner import (REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL, STATUS_OK, STATUS_SKIPPED,
+                     STATUS_UNSUPPORTED, TOLERANCE, Context, Watchdog, base_row, excluded,
+                     is_not_implemented, precision_of, short_error)
+from .timing import summarize
+
+# Largest relative difference |loss - loss_xla| / loss_xla allowed at any step.
+TRAJECTORY_TOL = {"bf16": 5e-2, "fp16": 3e-2, "fp32": 2e-2, "fp32-highest": 1e-3}
+# Step 0 (same parameters, same batch): loss and gradients must match closely.
+GRAD_TOL_FACTOR = 5.0   # x the GEMM tolerance of the dtype (errors add up over layers)
+# variant=None: the backend picks a variant per GEMM (forward and backward shapes differ).
+DEFAULT_VARIANT = "(default)"
+# On a CPU, a kernel trains only if its interpreted GEMMs took at most this (s per call).
+CPU_TRAIN_CALL_S = 0.15
+# A training run (compile, all steps, timing) may take this many kernel timeouts.
+TIMEOUT_FACTOR = 5.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  batch: int
+  seq: int
+  d_model: int
+  n_heads: int
+  d_ff: int
+  n_layers: int
+  vocab: int
+  steps: int
+  lr: float = 3e-3
+
+  @property
+  def tokens(self) -> int:
+    return self.batch * self.seq
+
+  @property
+  def name(self) -> str:
+    return (f"transformer.L{self.n_layers}.d{self.d_model}.ff{self.d_ff}.v{self.vocab}"
+            f".b{self.batch}.s{self.seq}")
+
+  @property
+  def dense_flops(self) -> int:
+    """FLOPs of the dense GEMMs per step: forward + two backward GEMMs each."""
+    per_token = self.n_layers * (3 * self.d_model ** 2 + self.d_model ** 2
+                                 + 2 * self.d_model * self.d_ff) + self.d_model * self.vocab
+    return 3 * 2 * self.tokens * per_token
+
+  def describe(self) -> str:
+    return (f"{self.n_layers}-layer decoder, d_model {self.d_model}, {self.n_heads} heads, "
+            f"MLP {self.d_ff}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
+            f"Adam lr {self.lr}, {self.steps} steps")
+
+
+GPU_MODEL = ModelConfig(batch=8, seq=1024, d_model=1024, n_heads=16, d_ff=4096,
+                        n_layers=2, vocab=8192, steps=50)
+GPU_MODEL_QUICK = dataclasses.replace(GPU_MODEL, steps=15)
+CPU_MODEL = ModelConfig(batch=2, seq=16, d_model=64, n_heads=4, d_ff=128,
+                        n_layers=1, vocab=128, steps=6)
+
+
+# ---------------------------------------------------------------- the model
+
+def init_params(cfg: ModelConfig, seed: int):
+  key = jax.random.key(seed)
+  ks = iter(jax.random.split(key, 4 + 4 * cfg.n_layers))
+
+  def dense(k, d_in, d_out):
+    return jax.random.normal(k, (d_in, d_out), jnp.float32) / math.sqrt(d_in)
+
+  params = {
+      "embed": jax.random.normal(next(ks), (cfg.vocab, cfg.d_model), jnp.float32),
+      "out": dense(next(ks), cfg.d_model, cfg.vocab),
+      "layers": [],
+  }
+  for _ in range(cfg.n_layers):
+    params["layers"].append({
+        "qkv": dense(next(ks), cfg.d_model, 3 * cfg.d_model),
+        "o": dense(next(ks), cfg.d_model, cfg.d_model),
+        "up": dense(next(ks), cfg.d_model, cfg.d_ff),
+        "down": dense(next(ks), cfg.d_ff, cfg.d_model),
+    })
+  return params
+
+
+def _rmsnorm(x):
+  x32 = x.astype(jnp.float32)
+  return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dtype):
+  """Mean cross-entropy; every dense layer is mm(x, w)."""
+  b, s = tokens.shape
+  h = params["embed"][tokens].astype(dtype)
+  heads, dh = cfg.n_heads, cfg.d_model // cfg.n_heads
+  mask = jnp.tril(jnp.ones((s, s), bool))
+  for lp in params["layers"]:
+    x = _rmsnorm(h)
+    qkv = mm(x, lp["qkv"].astype(dtype))                       # (b, s, 3d)
+    q, k, v = jnp.split(qkv.reshape(b, s, 3, heads, dh), 3, axis=2)
+    q, k, v = (t[:, :, 0] for t in (q, k, v))                   # (b, s, heads, dh)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                        preferred_element_type=jnp.float32) / math.sqrt(dh)
+    scores = jnp.where(mask, scores, -1e30)
+    att = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, s, cfg.d_model)
+    h = h + mm(ctx, lp["o"].astype(dtype))
+    x = _rmsnorm(h)
+    h = h + mm(jax.nn.gelu(mm(x, lp["up"].astype(dtype))), lp["down"].astype(dtype))
+  logits = mm(_rmsnorm(h), params["out"].astype(dtype)).astype(jnp.float32)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+def adam_init(params):
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  return {"m": zeros, "v": jax.tree.map(jnp.zeros_like, params), "t": jnp.zeros((), jnp.int32)}
+
+
+def adam_update(params, grads, state, lr, b1=0.9, b2=0.999, eps=1e-8):
+  t = state["t"] + 1
+  m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state["m"], grads)
+  v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, state["v"], grads)
+  tf = t.astype(jnp.float32)
+  scale = lr * jnp.sqrt(1 - b2 ** tf) / (1 - b1 ** tf)
+  params = jax.tree.map(lambda p, m, v: p - scale * m / (jnp.sqrt(v) + eps), params, m, v)
+  return params, {"m": m, "v": v, "t": t}
+
+
+def make_mm(backend: str, variant: str, dtype_name: str) -> Callable:
+  prec = precision_of(dtype_name)
+  if backend == REF:
+    return lambda x, w: jnp.matmul(x, w, precision=prec)
+  v = None if variant == DEFAULT_VARIANT else variant
+  return lambda x, w: jaxgemm.matmul(x, w, precision=prec, backend=backend, variant=v)
+
+
+def make_step(cfg: ModelConfig, mm: Callable, dtype):
+  loss_fn = functools.partial(forward_loss, cfg=cfg, mm=mm, dtype=dtype)
+
+  def step(params, opt, tokens, targets):
+    loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
+    params, opt = adam_update(params, grads, opt, cfg.lr)
+    return params, opt, loss
+
+  def grads_at(params, tokens, targets):
+    return jax.value_and_grad(loss_fn)(params, tokens, targets)
+
+  return jax.jit(step), jax.jit(grads_at)
+
+
+def batches(cfg: ModelConfig, seed: int):
+  """The same sequence of (tokens, targets) for every model."""
+  perm = jax.random.permutation(jax.random.key(seed + 7), cfg.vocab)
+  key = jax.random.key(seed + 11)
+  for i in range(cfg.steps):
+    tokens = jax.random.randint(jax.random.fold_in(key, i), (cfg.batch, cfg.seq), 0, cfg.vocab)
+    yield tokens, perm[tokens]
+
+
+def _tree_rel_err(a, b) -> float:
+  num = sum(float(jnp.sum((x.astype(jnp.float32) - y.astype(jnp.float32)) ** 2))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  den = sum(float(jnp.sum(y.astype(jnp.float32) ** 2)) for y in jax.tree.leaves(b))
+  return math.sqrt(num / den) if den > 0 else float("nan")
+
+
+def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_name: str,
+              mm: Callable | None = None):
+  """Trains `cfg` on one GEMM implementation: (losses, grads0, step stats, info)."""
+  dtype = P.dtype_of(dtype_name)
+  mm = mm or make_mm(backend, variant, dtype_name)
+  step, grads_at = make_step(cfg, mm, dtype)
+  params = init_params(cfg, ctx.seed)
+  opt = adam_init(params)
+  data = list(batches(cfg, ctx.seed))
+
+  t0 = time.perf_counter()
+  compiled = step.lower(params, opt, *data[0]).compile()
+  compile_s = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  loss0, grads0 = jax.block_until_ready(grads_at(params, *data[0]))
+  grads_s = time.perf_counter() - t0
+  losses = []
+  step_wall = []
+  p, o = params, opt
+  for i, (tok, tgt) in enumerate(data):
+    t0 = time.perf_counter()
+    p, o, loss = jax.block_until_ready(compiled(p, o, tok, tgt))
+    step_wall.append(time.perf_counter() - t0)
+    losses.append(float(loss))
+    if not ctx.on_gpu and step_wall[-1] > ctx.cpu_call_budget_s * 2:
+      return losses, (float(loss0), grads0), None, {
+          "compile_s": compile_s, "grads_s": grads_s,
+          "stopped": f"stopped after {i + 1} step(s): an interpreted step took "
+                     f"{step_wall[-1]:.1f} s (CPU budget {2 * ctx.cpu_call_budget_s} s)"}
+  # Time the step (same inputs each call; the first calls above were the warm-up).
+  samples = ctx.timer.time(compiled, (params, opt, *data[0]), ctx.iters)
+  return losses, (float(loss0), grads0), summarize(samples), {
+      "compile_s": compile_s, "grads_s": grads_s, "stopped": ""}
+
+
+def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: bool = False,
+                 cfg: ModelConfig | None = None, mm_factory: Callable | None = None) -> list[dict]:
+  """The training suite: XLA's dot, then each backend with variant=None (its own choice
+  per GEMM, labelled "(default)"), or the chosen variants with --variants all / a list."""
+  from .runner import Progress  # noqa: PLC0415
+
+  dtype_name = ctx.dtype_name
+  if cfg is None:
+    cfg = (GPU_MODEL_QUICK if quick else GPU_MODEL) if ctx.on_gpu else CPU_MODEL
+  kernels = []   # (backend, variant, note)
+  for b in backends:
+    vs = list(jaxgemm.variants(b))
+    if isinstance(variants_policy, (list, tuple)):
+      kernels += [(b, v, "") for v in vs if v in variants_policy]
+    elif variants_policy == "all":
+      kernels += [(b, v, "") for v in vs]
+    elif ctx.on_gpu or not ctx.call_s:
+      kernels.append((b, DEFAULT_VARIANT, ""))
+    else:
+      # CPU, after the GEMM suites: interpreted steps are slow, so take the highest
+      # rung whose interpreted GEMMs were fast there, and say so.
+      fast = [v for v in vs if (b, v) in ctx.call_s and (b, v) not in ctx.slow
+              and ctx.call_s[(b, v)] <= CPU_TRAIN_CALL_S]
+      # Prefer a variant the backend picked itself for some GEMM problem.
+      fast = [v for v in fast if (b, v) in ctx.best_seen] or fast
+      if fast:
+        kernels.append((b, fast[-1], f"CPU: variant {fast[-1]!r}, the highest rung the backend "
+                                     f"picks whose interpreted GEMMs took <= "
+                                     f"{CPU_TRAIN_CALL_S} s per call in the GEMM suites"))
+      else:
+        kernels.append((b, DEFAULT_VARIANT,
+                        f"skip: no variant of {b!r} ran an interpreted GEMM in <= "
+                        f"{CPU_TRAIN_CALL_S} s per call in the GEMM suites; a training step "
+                        "would take too long on a CPU"))
+  rows = []
+  bar = Progress(1 + len(kernels), "training")
+
+  def row_for(backend, variant, kind):
+    r = base_row(ctx, "training", kind, backend, variant, None, dtype_name)
+    r.update(problem=cfg.name, problem_note=cfg.describe(), flops=cfg.dense_flops,
+             tokens_per_step=cfg.tokens, steps=cfg.steps)
+    return r
+
+  def emit(r):
+    rows.append(r)
+    ctx.emit(r)
+
+  def emit_losses(backend, variant, losses):
+    for i, loss in enumerate(losses):
+      r = row_for(backend, variant, "train_loss")
+      r.update(status=STATUS_OK, step=i, loss=loss)
+      emit(r)
+
+  # ---- XLA's dot
+  ref = row_for(REF, REF_VARIANT, "train_step")
+  try:
+    with Watchdog(ctx, ref, "training on XLA's dot", factor=TIMEOUT_FACTOR):
+      ref_losses, (ref_loss0, ref_grads0), ref_stats, info = train_one(
+          ctx, cfg, REF, REF_VARIANT, dtype_name,
+          mm=mm_factory(REF, REF_VARIANT) if mm_factory else None)
+    ref.update(_step_metrics(ctx, cfg, ref_stats, None), status=STATUS_OK,
+               compile_s=info["compile_s"], loss_first=ref_losses[0], loss_last=ref_losses[-1],
+               timer=ctx.timer.label)
+  except Exception as e:  # noqa: BLE001
+    ref.update(status=STATUS_ERROR, note=short_error(e))
+    emit(ref)
+    bar.update(REF)
+    bar.close()
+    return rows
+  emit(ref)
+  emit_losses(REF, REF_VARIANT, ref_losses)
+  bar.write(f"    {REF:<28} step {ref_stats['median_ms']:.3f} ms, "
+            f"{cfg.tokens / ref_stats['median_ms'] * 1e3:,.0f} tokens/s, "
+            f"loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
+  bar.update(REF)
+
+  gemm_tol = TOLERANCE[dtype_name]
+  traj_tol = TRAJECTORY_TOL[dtype_name]
+  for backend, variant, why in kernels:
+    r = row_for(backend, variant, "train_step")
+    r.update(tolerance=traj_tol, note=why.removeprefix("skip: "))
+    slow = ctx.slow.get((backend, variant))
+    if why.startswith("skip: ") or (not ctx.on_gpu and slow):
+      if slow:
+        r["note"] = f"skipped on CPU: its interpreted GEMM took {slow:.1f} s per call"
+      r["status"] = STATUS_SKIPPED
+      emit(r)
+      bar.write(f"    {backend + '/' + variant:<28} SKIPPED: {r['note']}")
+      bar.update(f"{backend}/{variant}")
+      continue
+    if excluded(ctx.exclude, backend, variant, cfg.name):
+      r.update(status=STATUS_SKIPPED, note="excluded by --exclude")
+      emit(r)
+      bar.update(f"{backend}/{variant}")
+      continue
+    try:
+      with Watchdog(ctx, r, f"training on {backend}/{variant}", factor=TIMEOUT_FACTOR):
+        losses, (loss0, grads0), stats, info = train_one(
+            ctx, cfg, backend, variant, dtype_name,
+            mm=mm_factory(backend, variant) if mm_factory else None)
+    except Exception as e:  # noqa: BLE001
+      r.update(status=STATUS_UNSUPPORTED if is_not_implemented(e) else STATUS_ERROR,
+               note=short_error(e))
+      emit(r)
+      bar.update(f"{backend}/{variant}")
+      continue
+    n = len(losses)
+    rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref_losses[:n])]
+    max_rel = max(rel) if rel and all(math.isfinite(x) for x in rel) else float("nan")
+    grad_err = _tree_rel_err(grads0, ref_grads0)
+    loss0_rel = abs(loss0 - ref_loss0) / abs(ref_loss0)
+    agree = (max_rel <= traj_tol and grad_err <= GRAD_TOL_FACTOR * gemm_tol
+             and loss0_rel <= gemm_tol)
+    r.update(loss_first=losses[0], loss_last=losses[-1], loss_max_rel_diff=max_rel,
+             grad_rel_err=grad_err, loss0_rel_diff=loss0_rel, error=max_rel,
+             compile_s=info["compile_s"], agree=int(agree), steps=n, timer=ctx.timer.label)
+    if not agree:
+      r.update(status=STATUS_FAIL,
+               note=(f"disagrees with XLA: max loss rel diff {max_rel:.3g} (tol {traj_tol:g}), "
+                     f"step-0 grad rel err {grad_err:.3g} (tol {GRAD_TOL_FACTOR * gemm_tol:g}), "
+                     f"step-0 loss rel diff {loss0_rel:.3g} (tol {gemm_tol:g})"))
+    elif stats is None:
+      r.update(status=STATUS_SKIPPED, note=info["stopped"])
+    else:
+      r.update(_step_metrics(ctx, cfg, stats, ref_stats["median_ms"]), status=STATUS_OK)
+    emit(r)
+    emit_losses(backend, variant, losses)
+    msg = (f"step {r['time_ms_median']:.3f} ms ({r['speedup_vs_xla']:.2f}x)"
+           if r["status"] == STATUS_OK else r["status"].upper())
+    bar.write(f"    {backend + '/' + variant:<28} {msg}, loss {losses[0]:.4f} -> "
+              f"{losses[-1]:.4f}, max rel diff vs XLA {max_rel:.2e}, "
+              f"agree={'yes' if agree else 'NO'}")
+    bar.update(f"{backend}/{variant}")
+  bar.close()
+  return rows
+
+
+def _step_metrics(ctx: Context, cfg: ModelConfig, stats: dict, ref_ms: float | None) -> dict:
+  t = stats["median_ms"] * 1e-3
+  out = {"time_ms_median": stats["median_ms"], "time_ms_p10": stats["p10_ms"],
+         "time_ms_p90": stats["p90_ms"], "time_ms_iqr": stats["iqr_ms"],
+         "time_ms_min": stats["min_ms"], "iters": stats["n"],
+         "tokens_per_s": cfg.tokens / t, "tflops": cfg.dense_flops / t / 1e12}
+  if ref_ms:
+    out["xla_time_ms"] = ref_ms
+    out["speedup_vs_xla"] = ref_ms / stats["median_ms"]
+  return out
+
