@@ -239,3 +239,14 @@ def test_gpu_default_config_matches_reference(variant, trans, dtype):
         a, b, (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,))),
         preferred_element_type=jnp.float32)
     assert_close(out, np.asarray(ref, np.float64), p)
+
+
+@pytest.mark.parametrize("variant", pallas.VARIANTS)
+def test_interpreter_single_k_step_several_tiles_per_cta(variant):
+  """K fits one tile and each CTA walks several tiles (batch 6 on the
+  interpreter's 2 CTAs): once a barrier phase completed twice and hung."""
+  p = problem(6, 7, 65, 33)
+  cfg = small_config(variant, tile_k=64)
+  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
+  a, b = operands(p)
+  assert_close(kernel_fn(a, b, p, cfg, interpret=True), reference(a, b, p), p)

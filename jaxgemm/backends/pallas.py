@@ -83,7 +83,8 @@ def smem_bytes(problem: GemmProblem, variant: str, config: PallasConfig) -> dict
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   item = np.dtype(problem.dtype).itemsize
   out_item = np.dtype(problem.out_dtype).itemsize
-  stages = 1 if variant == "basic" else config.max_concurrent_steps
+  # The pipelined rungs run at least 2 stages (delay_release=1 needs them).
+  stages = 1 if variant == "basic" else max(2, config.max_concurrent_steps)
   parts = {"a": stages * tm * tk * item, "b": stages * tk * tn * item}
   if variant in _TWO_CONSUMERS:
     # Two epilogue slots per consumer warpgroup, each (64, epi_tile_n).
@@ -149,17 +150,18 @@ class PallasBackend(registry.Backend):
     """Tiles measured best on the H200 (jax 0.11.2), clamped to the problem.
 
     256x128x64 in 4 stages for the two-consumer rungs, 128x128x64 otherwise;
-    skinny problems (M <= 128) get 64-wide N tiles with 128-deep K steps on
-    the single-warpgroup rungs and 6 stages on the others, which kept more
-    SMs busy there (128x8192x8192: 1.10x XLA pipelined vs 0.88x with the
-    large-problem tiles). Clusters pair CTAs along N (measured >= cluster_m
-    on all four shapes tried).
+    skinny problems (M <= 128) get 64-wide N tiles with 128-deep K steps,
+    which keeps more SMs busy (128x8192x8192: pipelined 1.09x XLA vs 0.88x
+    with the large-problem tiles; warp_specialized 1.08x vs 0.98x with
+    128x128x64 in 6 stages; clusters 1.00x vs 0.92x). Clusters pair CTAs
+    along N (measured >= cluster_m on all four shapes tried).
     """
     m, n = problem.m, problem.n
     skinny = m <= 128
     if variant in _TWO_CONSUMERS:
-      tile_m, tile_n, tile_k = 256, 128, 64
-      stages = 6 if skinny else 4
+      tile_m, tile_n, tile_k, stages = 256, 128, 64, 4
+      if skinny:
+        tile_n, tile_k = 64, 128
       if np.dtype(problem.out_dtype).itemsize == 4:
         stages -= 1   # f32 epilogue slots take a stage's room
       tile_m = _pow2_at_least(m, 128, tile_m)

@@ -76,7 +76,8 @@ def pipelined(a, b, problem, config, interpret: bool = False):
 
   def call(a, b, dims):
     # More stages than K steps only waste shared memory.
-    stages = max(1, min(config.max_concurrent_steps, common.cdiv(dims.k, tk)))
+    # delay_release=1 needs a second stage even when K has one step.
+    stages = max(2, min(config.max_concurrent_steps, common.cdiv(dims.k, tk)))
     body = functools.partial(pipelined_kernel, dims=dims, tm=tm, tn=tn, tk=tk,
                              stages=stages, trans_a=problem.trans_a,
                              trans_b=problem.trans_b)

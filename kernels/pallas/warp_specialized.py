@@ -52,6 +52,11 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
   clustered = cluster_m * cluster_n > 1
   a_shape, a_index = common.a_block_spec_args(tm, tk, trans_a)
   b_shape, b_index = common.b_block_spec_args(tk, tn, trans_b)
+  # One wgmma in flight across K steps needs a stage released one step late;
+  # with a single K step there is nothing to overlap, and a late release
+  # across back-to-back tiles completed a barrier phase twice (seen in the
+  # interpreter: "Barrier arrival was completed again", then a hang).
+  delay = 1 if k_iters > 1 else 0
 
   def make_pipeline(body, compute_context, mi, ni):
     return plgpu.emit_pipeline_warp_specialized(
@@ -62,11 +67,11 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
             # CTAs of a cluster along N share A's tile: TMA multicasts it.
             plgpu.BlockSpec(a_shape, lambda ki: a_index(mi, ki),
                             transforms=common.smem_transforms(a_shape[1], dtype),
-                            memory_space=plgpu.SMEM, delay_release=1,
+                            memory_space=plgpu.SMEM, delay_release=delay,
                             collective_axes=("cluster",) if multicast and cluster_n > 1 else ()),
             plgpu.BlockSpec(b_shape, lambda ki: b_index(ni, ki),
                             transforms=common.smem_transforms(b_shape[1], dtype),
-                            memory_space=plgpu.SMEM, delay_release=1,
+                            memory_space=plgpu.SMEM, delay_release=delay,
                             collective_axes=("cluster",) if multicast and cluster_m > 1 else ()),
         ],
         wg_axis="wg",
@@ -108,7 +113,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
 
       def mma(_, a_smem, b_smem, acc_ref):
         plgpu.wgmma(acc_ref, a_rows(a_smem), common.b_operand(b_smem, trans_b))
-        plgpu.wgmma_wait(1)
+        plgpu.wgmma_wait(delay)
         return acc_ref
 
       def compute_context(eval_pipeline):
