@@ -1,0 +1,40 @@
+# Two commands on a fresh machine (only the package registries needed):
+#   make bench   the XLA comparison benchmark (a tiny interpreted suite without a GPU)
+#   make test    the CPU test suite (kernels run in Triton's / Mosaic GPU's interpreters)
+# On a GPU machine that already has jax, jaxlib and triton but no network:
+#   make gpu-test, make gpu-bench   (jax-triton comes from the wheel in .whl/)
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: test bench gpu-test gpu-bench gpu-env clean
+
+$(VENV)/.installed-%: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[$*]'
+	touch $@
+
+test: $(VENV)/.installed-test
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-bench
+	$(PY) -m bench $(BENCH_ARGS)
+
+# The GPU machine's own python3: nothing is downloaded there. `pip download
+# --no-deps -d .whl jax-triton==0.3.1` (on a machine with network) puts the
+# one missing wheel in .whl/.
+gpu-env:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  python3 -m pip install -q --no-index --no-deps --target .gpu-site .whl/*.whl; fi
+	python3 -m pip install -q --no-deps --no-build-isolation -e .
+
+gpu-test: gpu-env
+	PYTHONPATH=$(CURDIR)/.gpu-site python3 -m pytest -m gpu $(PYTEST_ARGS)
+
+gpu-bench: gpu-env
+	PYTHONPATH=$(CURDIR)/.gpu-site python3 -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .gpu-site
