@@ -4,6 +4,7 @@
     python -m bench --suite llm,skinny --dtype fp16
     python -m bench --list               # suites, problems, backends, variants
     python -m bench report bench/results/<run>/results.csv   # rebuild report + plots
+    python -m bench report a/results.csv b/results.csv --out bench/results/<run>  # merge
 
 Also installed as the console script `jaxgemm-bench`.
 """
@@ -79,14 +80,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report_main(argv) -> int:
-  ap = argparse.ArgumentParser(prog="python -m bench report",
-                               description="Regenerate REPORT.md, README_TABLES.md and "
-                                           "plots/ from a benchmark CSV.")
-  ap.add_argument("csv")
-  ap.add_argument("--out", default=None, help="folder for the outputs (default: the CSV's)")
+  ap = argparse.ArgumentParser(
+      prog="python -m bench report",
+      description="Regenerate REPORT.md, README_TABLES.md and plots/ from benchmark CSVs. "
+                  "Several CSVs (e.g. suites run as separate commands) are merged into "
+                  "<out>/results.csv first.")
+  ap.add_argument("csv", nargs="+")
+  ap.add_argument("--out", default=None,
+                  help="folder for the outputs (default: the CSV's; required for several)")
   args = ap.parse_args(argv)
-  from .report import generate  # noqa: PLC0415
-  made = generate(args.csv, args.out)
+  from .report import generate, merge_csvs  # noqa: PLC0415
+  csv_path = args.csv[0]
+  if len(args.csv) > 1:
+    if not args.out:
+      raise SystemExit("several CSVs: name the merged run's folder with --out")
+    csv_path = merge_csvs(args.csv, Path(args.out) / "results.csv")
+    print(f"merged {len(args.csv)} CSVs into {csv_path}")
+  made = generate(csv_path, args.out)
   print(f"report:        {made['report']}")
   print(f"README tables: {made['readme_tables']}")
   for p in made["plots"].values():

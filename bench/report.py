@@ -150,6 +150,22 @@ def read_csv(path) -> list[dict]:
     return list(csv.DictReader(f))
 
 
+def merge_csvs(paths, out_path) -> Path:
+  """Concatenates benchmark CSVs (same or older column sets) into one."""
+  out_path = Path(out_path)
+  rows = []
+  for p in paths:
+    if Path(p).resolve() == out_path.resolve():
+      raise SystemExit(f"{p} is the merge's output; name another --out")
+    rows += read_csv(p)
+  out_path.parent.mkdir(parents=True, exist_ok=True)
+  with open(out_path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+  return out_path
+
+
 def num(x):
   if x is None or x == "":
     return None
@@ -415,6 +431,7 @@ def plot_size(run: Run, path: Path) -> bool:
                     and r["status"] == "ok"))
       if pts:
         ax.plot(*zip(*pts), "-o", label=v, markersize=3)
+    _autoscale(ax, [y for line in ax.get_lines() for y in line.get_ydata()])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("size (M*K*N)^(1/3)" if suite != "square" else "M = K = N")
     ax.set_ylabel("TFLOP/s")
@@ -440,6 +457,7 @@ def plot_ladder(run: Run, path: Path) -> bool:
     vs = run.backend_variants[b]
     labels = ["XLA dot", *vs]
     width = 0.8 / len(labels)
+    all_ys = []
     for i, lab in enumerate(labels):
       ys = []
       for ref in ladder:
@@ -451,6 +469,8 @@ def plot_ladder(run: Run, path: Path) -> bool:
         ys.append(num(rr[0]["tflops"]) if rr else 0)
       xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(ladder))]
       ax.bar(xs, ys, width, label=lab, color="black" if lab == "XLA dot" else None)
+      all_ys += ys
+    _autoscale(ax, all_ys)
     ax.set_xticks(range(len(ladder)))
     ax.set_xticklabels([f"{r['problem']}\n{r['m']}x{r['k']}x{r['n']}" for r in ladder], fontsize=7)
     ax.set_ylabel("TFLOP/s")
@@ -548,6 +568,13 @@ def plot_training(run: Run, path: Path) -> bool:
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return True
+
+
+def _autoscale(ax, values):
+  """Log y when the values span more than two decades (e.g. interpreters vs XLA)."""
+  v = [x for x in values if x and x > 0]
+  if v and max(v) / min(v) > 100:
+    ax.set_yscale("log")
 
 
 def _title(fig, run: Run):

@@ -1,0 +1,367 @@
+"""CPU tests of the benchmark (bench/, installed as jaxgemm.bench).
+
+The problem tables (shapes that really are what their suite says), the
+correctness gate (a wrong kernel is a failure row, never a time), the CSV,
+report and plots from a small real CPU run and from a synthetic GPU-like CSV,
+and the CLI's --list. Only the xla backend and fake kernels run here, so the
+file stays fast whatever backends are registered.
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import jaxgemm
+from jaxgemm.bench import __main__ as cli
+from jaxgemm.bench import problems as P
+from jaxgemm.bench import report as R
+from jaxgemm.bench import runner
+from jaxgemm.bench import training as T
+from jaxgemm.bench import timing
+
+REPO = Path(__file__).resolve().parent.parent
+ALL_PROBLEMS = [p for probs in P.SUITES.values() for p in probs]
+
+
+# ---------------------------------------------------------------- problem tables
+
+def test_suites_are_named_and_nonempty():
+  assert set(P.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "tiny",
+                               "training"}
+  for name, probs in P.SUITES.items():
+    assert probs, name
+    assert all(p.suite == name for p in probs)
+    assert len({p.name for p in probs}) == len(probs), f"duplicate names in {name}"
+    assert any(p.default for p in probs), f"{name} has no default problems"
+  for s in P.GPU_DEFAULT_SUITES:
+    assert s in P.ALL_SUITES
+  # the default GPU run has ladder problems, and --quick has some of every suite
+  assert any(p.ladder and p.default for s in P.GPU_DEFAULT_SUITES if s in P.SUITES
+             for p in P.SUITES[s])
+  for s in ("square", "llm", "skinny", "unaligned", "backward"):
+    assert P.select(s, default_only=True, quick=True), s
+
+
+@pytest.mark.parametrize("bp", ALL_PROBLEMS, ids=lambda p: f"{p.suite}-{p.name}")
+def test_problem_shapes_match_dot_general(bp):
+  """Stored operand shapes, dimension numbers and output agree, as lax sees them."""
+  assert min(bp.m, bp.k, bp.n, bp.batch) >= 1
+  a = jax.ShapeDtypeStruct(bp.a_shape(), jnp.bfloat16)
+  b = jax.ShapeDtypeStruct(bp.b_shape(), jnp.bfloat16)
+  out = jax.eval_shape(lambda a, b: lax.dot_general(a, b, bp.dimension_numbers()), a, b)
+  assert out.shape == bp.out_shape()
+  gp = runner.gemm_problem(bp, "bf16")
+  assert gp.flops == bp.flops
+  assert gp.min_bytes == bp.min_bytes("bf16")
+  assert (gp.trans_a, gp.trans_b) == (bp.trans_a, bp.trans_b)
+
+
+def test_suites_hold_what_they_say():
+  sq = P.SUITES["square"]
+  assert all(p.m == p.k == p.n for p in sq)
+  sizes = {p.m for p in sq}
+  assert {256, 16384} <= sizes and any(s & (s - 1) for s in sizes)   # some non-powers of two
+  assert all(any(x % 16 for x in (p.m, p.k, p.n)) for p in P.SUITES["unaligned"])
+  assert any((p.m, p.k, p.n) == (4095, 4097, 4093) for p in P.SUITES["unaligned"])
+  assert all(p.m <= 256 and p.k >= 4096 and p.n >= 4096 for p in P.SUITES["skinny"])
+  tokens = {p.m for p in P.SUITES["llm"]}
+  assert min(tokens) == 1 and max(tokens) == 16384
+  assert {p.k for p in P.SUITES["llm"]} >= {4096, 8192, 14336, 28672}
+
+
+def test_backward_suite_is_forward_and_both_gradients():
+  probs = {p.name: p for p in P.SUITES["backward"]}
+  fwds = [p for n, p in probs.items() if n.endswith(".fwd")]
+  assert fwds
+  for f in fwds:
+    stem = f.name[: -len(".fwd")]
+    dgrad, wgrad = probs[stem + ".dgrad"], probs[stem + ".wgrad"]
+    t, d_in, d_out = f.m, f.k, f.n
+    assert f.layout == "NN"
+    assert (dgrad.m, dgrad.k, dgrad.n, dgrad.layout) == (t, d_out, d_in, "NT")
+    assert (wgrad.m, wgrad.k, wgrad.n, wgrad.layout) == (d_in, t, d_out, "TN")
+
+
+def test_rotation_covers_twice_l2_for_small_problems():
+  l2 = 60 * 2**20
+  assert P.rotation(10 * 2**30, l2, 32) == 1          # large: one set
+  assert P.rotation(2 * l2, l2, 32) == 1
+  assert P.rotation(40 * 2**20, l2, 32) == 3           # 3 x 40 MB >= 120 MB
+  assert P.rotation(1000, l2, 32) == 32                # capped
+
+
+# ---------------------------------------------------------------- timing helpers
+
+def test_summarize_and_cupti_result_shapes():
+  s = timing.summarize(list(range(1, 101)))
+  assert s["median_ms"] == pytest.approx(50.5) and s["n"] == 100
+  assert s["p10_ms"] < s["median_ms"] < s["p90_ms"] and s["min_ms"] == 1
+  assert timing._as_list(1.5, 1) == [1.5]
+  assert timing._as_list([1.0, 2.0], 2) == [1.0, 2.0]
+  assert timing._as_list([[("k1", 1.0), ("k2", 0.5)]], 1) == [1.5]   # aggregate=False form
+  with pytest.raises(RuntimeError):
+    timing._as_list(None, 3)
+  t = timing.Timer("cpu")
+  assert not t.is_device_timer and t.label.startswith("wallclock")
+  assert len(t.time(jax.jit(lambda x: x + 1), (jnp.ones(4),), 3)) == 3
+
+
+# ---------------------------------------------------------------- correctness gate
+
+def _ctx(rows, **kw):
+  return runner.Context(platform="cpu", device_kind="cpu", timer=timing.Timer("cpu"), iters=3,
+                        dtype_name=kw.pop("dtype_name", "bf16"), provenance={"platform": "cpu"},
+                        emit=rows.append, log=lambda s: None, run_id="cpu-test", **kw)
+
+
+def _fake_factory(bp, dtype_name, backend, variant):
+  """Real kernels for real backends; deliberately broken ones for backend 'fake'."""
+  if backend != "fake":
+    return runner.kernel_fn(bp, dtype_name, backend, variant)
+  ref = runner.ref_fn(bp, dtype_name)
+  if variant == "scaled":          # 5% off everywhere
+    return lambda a, b: (ref(a, b).astype(jnp.float32) * 1.05).astype(ref(a, b).dtype)
+  if variant == "drops_last_k":    # forgets one column of K (a classic tail bug)
+    def f(a, b):
+      return ref(a.at[..., -1].set(0), b)
+    return f
+  if variant == "nan":
+    return lambda a, b: ref(a, b) * jnp.nan
+  if variant == "unsupported":
+    def f(a, b):
+      raise NotImplementedError("fake: this dtype is not supported")
+    return f
+  if variant == "crash":
+    def f(a, b):
+      raise RuntimeError("fake: kernel exploded")
+    return f
+  raise AssertionError(variant)
+
+
+def test_wrong_results_are_failures_never_times():
+  bp = P.BenchProblem("tiny", "gate", 48, 96, 40)
+  rows = []
+  kernels = [("xla", "dot_general", ""), ("fake", "scaled", ""), ("fake", "drops_last_k", ""),
+             ("fake", "nan", ""), ("fake", "unsupported", ""), ("fake", "crash", "")]
+  out = runner.run_problem(_ctx(rows), bp, kernels, make_fn=_fake_factory)
+  assert out == rows
+  by = {(r["backend"], r["variant"]): r for r in rows}
+  ref = by[(runner.REF, runner.REF_VARIANT)]
+  assert ref["status"] == "ok" and ref["time_ms_median"] > 0
+  good = by[("xla", "dot_general")]
+  assert good["status"] == "ok" and good["error"] <= runner.TOLERANCE["bf16"]
+  assert good["time_ms_median"] > 0 and good["speedup_vs_xla"] > 0
+  for v in ("scaled", "drops_last_k", "nan"):
+    r = by[("fake", v)]
+    assert r["status"] == "fail", (v, r)
+    assert "time_ms_median" not in r and "tflops" not in r
+    assert "wrong result" in r["note"]
+  assert by[("fake", "scaled")]["error"] == pytest.approx(0.05, rel=0.2)
+  assert by[("fake", "unsupported")]["status"] == "unsupported"
+  assert by[("fake", "crash")]["status"] == "error"
+  assert "exploded" in by[("fake", "crash")]["note"]
+
+
+def test_transposed_layouts_go_through_dot_general():
+  rows = []
+  for bp in P.SUITES["tiny"]:
+    if bp.layout != "NN" or bp.batch > 1:
+      runner.run_problem(_ctx(rows), bp, [("xla", "dot_general", "")])
+  assert rows and all(r["status"] == "ok" for r in rows), rows
+
+
+def test_exclude_patterns():
+  assert runner.excluded(("pallas/clusters",), "pallas", "clusters", "sq64")
+  assert runner.excluded(("pallas",), "pallas", "basic", "sq64")
+  assert runner.excluded(("triton/*@sq1*",), "triton", "naive", "sq16384")
+  assert not runner.excluded(("triton/*@sq1*",), "triton", "naive", "u100")
+  assert not runner.excluded((), "xla", "dot_general", "x")
+
+
+# ---------------------------------------------------------------- training
+
+SMALL = T.ModelConfig(batch=1, seq=8, d_model=32, n_heads=2, d_ff=64, n_layers=1, vocab=32,
+                      steps=3)
+
+
+def test_training_detects_a_wrong_gemm():
+  """A model whose GEMMs are 20% off trains to a different loss: a failure row."""
+  def mm_factory(backend, variant):
+    if backend == runner.REF:
+      return lambda x, w: jnp.matmul(x, w)
+    return lambda x, w: (jnp.matmul(x, w).astype(jnp.float32) * 1.2).astype(x.dtype)
+
+  rows = []
+  out = T.run_training(_ctx(rows), ["xla"], ["dot_general"], cfg=SMALL, mm_factory=mm_factory)
+  assert out == rows
+  steps = {r["backend"]: r for r in out if r["kind"] == "train_step"}
+  assert steps[runner.REF]["status"] == "ok"
+  assert steps["xla"]["status"] == "fail" and steps["xla"]["agree"] == 0
+  assert "time_ms_median" not in steps["xla"]
+  losses = [r for r in out if r["kind"] == "train_loss"]
+  assert len(losses) == 2 * SMALL.steps
+
+
+# ---------------------------------------------------------------- a CPU run, its CSV and report
+
+@pytest.fixture(scope="module")
+def cpu_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("bench")
+  rc = cli.main(["--suite", "tiny,training", "--backends", "xla", "--iters", "3",
+                 "--training-steps", "3", "--out", str(out), "--run-name", "cpu-test"])
+  assert rc == 0
+  return out / "cpu-test"
+
+
+def test_cpu_run_writes_csv_with_provenance(cpu_run):
+  rows = R.read_csv(cpu_run / "results.csv")
+  with open(cpu_run / "results.csv", newline="") as f:
+    assert next(csv.reader(f)) == R.COLUMNS
+  kinds = {r["kind"] for r in rows}
+  assert {"copy_bw", "gemm", "train_step", "train_loss"} <= kinds
+  for r in rows:
+    for field in ("device", "jax", "jaxlib", "triton", "git_commit", "date", "timer",
+                  "input_dist", "platform"):
+      assert r[field], (field, r)
+    assert r["timer"].startswith("wallclock")
+    assert r["platform"] == "cpu"
+  gemm = [r for r in rows if r["kind"] == "gemm"]
+  names = {r["problem"] for r in gemm}
+  assert names == {p.name for p in P.SUITES["tiny"]}
+  assert all(r["status"] == "ok" for r in gemm), [r for r in gemm if r["status"] != "ok"]
+  for r in gemm:
+    assert float(r["time_ms_median"]) > 0 and int(r["iters"]) == 3
+    assert float(r["time_ms_p10"]) <= float(r["time_ms_median"]) <= float(r["time_ms_p90"])
+    if r["backend"] == "xla":
+      assert float(r["error"]) <= runner.TOLERANCE["bf16"]
+      assert float(r["speedup_vs_xla"]) > 0
+  train = {r["backend"]: r for r in rows if r["kind"] == "train_step"}
+  assert train["xla"]["agree"] == "1" and train["xla"]["status"] == "ok"
+  assert float(train["xla"]["tokens_per_s"]) > 0
+
+
+def test_cpu_report_says_not_gpu_and_has_plots(cpu_run):
+  report = (cpu_run / "REPORT.md").read_text()
+  head = report[:600]
+  assert "NOT GPU TIMINGS" in head and "no GPU was found" in head
+  assert "## Headline" in report and "## Kernel ladders" in report
+  assert "## Training step" in report
+  tables = (cpu_run / "README_TABLES.md").read_text()
+  assert "NOT GPU TIMINGS" in tables
+  for name in ("tflops_vs_size.png", "ladder.png", "training_loss.png"):
+    png = cpu_run / "plots" / name
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert f"plots/{name}" in report
+
+
+def test_report_subcommand_regenerates_from_csv(cpu_run, tmp_path):
+  assert cli.main(["report", str(cpu_run / "results.csv"), "--out", str(tmp_path)]) == 0
+  regenerated = (tmp_path / "REPORT.md").read_text()
+  original = (cpu_run / "REPORT.md").read_text()
+  section = slice(original.index("## Headline"), original.index("## Plots"))
+  assert regenerated[regenerated.index("## Headline"):regenerated.index("## Plots")] == \
+      original[section]
+  assert (tmp_path / "plots" / "ladder.png").exists()
+  assert (tmp_path / "README_TABLES.md").exists()
+  # several CSVs merge into one run
+  merged = tmp_path / "merged"
+  assert cli.main(["report", str(cpu_run / "results.csv"), str(cpu_run / "results.csv"),
+                   "--out", str(merged)]) == 0
+  n = len(R.read_csv(cpu_run / "results.csv"))
+  assert len(R.read_csv(merged / "results.csv")) == 2 * n
+
+
+# ---------------------------------------------------------------- a synthetic GPU CSV
+
+def _synthetic_gpu_csv(path):
+  """Rows as an H200 run would write them, for two fake backends (no GPU needed)."""
+  prov = {"platform": "gpu", "device": "NVIDIA H200", "driver": "580.0", "jax": "0.11.2",
+          "jaxlib": "0.11.2", "triton": "3.6.0", "git_commit": "abc", "date": "2026-11-22",
+          "timer": "cupti", "input_dist": runner.INPUT_DIST, "run_id": "h200-test",
+          "dtype": "bf16"}
+  rows = [{**prov, "suite": "copy", "kind": "copy_bw", "backend": "xla", "variant": "negate",
+           "status": "ok", "gbps": 4300}]
+  ladders = {"tri": ["naive", "tiled", "best"], "pal": ["basic", "best"]}
+  probs = ([p for p in P.SUITES["square"] if p.default] + P.SUITES["llm"][:6]
+           + P.SUITES["skinny"][:3])
+  for bp in probs:
+    xla_t = bp.flops / 700e12 * 1e3
+    base = {**prov, "suite": bp.suite, "kind": "gemm", "problem": bp.name, "m": bp.m,
+            "k": bp.k, "n": bp.n, "batch": 1, "layout": bp.layout, "ladder": int(bp.ladder),
+            "flops": bp.flops, "iters": 20}
+    rows.append({**base, "backend": runner.REF, "variant": runner.REF_VARIANT, "status": "ok",
+                 "time_ms_median": xla_t, "tflops": 700, "gbps": 1000,
+                 "memory_bound": int(bp.suite == "skinny")})
+    for b, vs in ladders.items():
+      for rank, v in enumerate(vs):
+        if not bp.ladder and v != "best":
+          continue
+        s = (0.5 + 0.3 * rank) if b == "tri" else (0.8 + 0.4 * rank)
+        status = "fail" if (b, v) == ("tri", "tiled") else "ok"
+        r = {**base, "backend": b, "variant": v, "variant_rank": rank, "status": status}
+        if status == "ok":
+          r.update(time_ms_median=xla_t / s, tflops=700 * s, speedup_vs_xla=s, gbps=1000 * s)
+        else:
+          r.update(error=0.3, note="wrong result")
+        rows.append(r)
+  for b, v in ((runner.REF, runner.REF_VARIANT), ("tri", T.DEFAULT_VARIANT)):
+    rows.append({**prov, "suite": "training", "kind": "train_step", "backend": b, "variant": v,
+                 "status": "ok", "time_ms_median": 10, "tokens_per_s": 8e5, "loss_first": 9,
+                 "loss_last": 3, "agree": "" if b == runner.REF else 1,
+                 "problem": "transformer", "problem_note": "a model"})
+    for i in range(5):
+      rows.append({**prov, "suite": "training", "kind": "train_loss", "backend": b,
+                   "variant": v, "status": "ok", "step": i, "loss": 9 - i})
+  w = R.CsvWriter(path)
+  for r in rows:
+    w(r)
+  w.close()
+
+
+def test_report_of_a_gpu_run(tmp_path):
+  csv_path = tmp_path / "results.csv"
+  _synthetic_gpu_csv(csv_path)
+  made = R.generate(csv_path)
+  report = made["report"].read_text()
+  assert "NOT GPU TIMINGS" not in report
+  assert set(made["plots"]) == set(R.PLOTS)     # every plot has data here
+  # headline: best own kernel per suite (pal's best is 1.2x, tri's 1.1x)
+  head = report[report.index("## Headline"):report.index("## Kernel ladders")]
+  assert "| square |" in head and "| llm |" in head and "| skinny |" in head
+  assert "1.20x" in head
+  # the ladder tables list variants in ladder order, a failure as such
+  lad = report[report.index("#### Ladder: backend `tri`"):]
+  assert lad.index("| naive |") < lad.index("| tiled |") < lad.index("| best |")
+  assert "| tiled | fail" in lad
+  assert "(default)" not in report[report.index("## Kernel ladders"):report.index("## Suite")]
+
+
+# ---------------------------------------------------------------- the CLI
+
+def test_cli_list_runs_as_a_module():
+  res = subprocess.run([sys.executable, "-m", "bench", "--list", "--suite", "square,llm"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+  assert res.returncode == 0, res.stderr
+  for word in ("square", "llm", "skinny", "training", "xla: dot_general", "sq16384",
+               "llama3-70b.down.t16384"):
+    assert word in res.stdout, word
+  for b in jaxgemm.backends():
+    assert f"  {b}: " in res.stdout
+
+
+def test_cli_rejects_bad_arguments(tmp_path):
+  with pytest.raises(SystemExit):
+    cli.main(["--suite", "nope", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit):
+    cli.main(["--backends", "nope", "--out", str(tmp_path)])
+  with pytest.raises(SystemExit):
+    cli.main(["--dtype", "int8", "--out", str(tmp_path)])
+
