@@ -15,7 +15,7 @@ Ideas on top of `tensorcore`:
 TMA does not run through jax-triton 0.3.1: device-side descriptors live in a
 global scratch buffer (384 B per program here, Triton's compile metadata) that
 Triton's own launcher allocates and jax-triton's does not, and the kernel hit
-CUDA_ERROR_ILLEGAL_ADDRESS on the H200 (.probe run of 2026-11-22). The backend
+CUDA_ERROR_ILLEGAL_ADDRESS on the H200 (bench/triton_probe.py, 2026-11-22). The backend
 therefore refuses tma=True on GPU; the interpreter runs it (tests keep the path
 correct), and bench/ times it launched natively with Triton's allocator.
 
@@ -110,10 +110,16 @@ def _load_operand(desc, batch, off_rows, off_k, BLOCK_ROWS: tl.constexpr, BLOCK_
 
 
 def num_sms(platform: str) -> int:
-  if platform == "cuda":
-    from triton.runtime import driver  # noqa: PLC0415
-    return driver.active.utils.get_device_properties(0)["multiprocessor_count"]
+  """Streaming multiprocessors of the device the kernel will run on.
+
+  Asked of JAX's device (its `core_count`), not of Triton's driver: that one
+  builds a helper module on first use, which fails once jax-triton has set
+  TRITON_CACHE_DIR to "" (the H200 GPU test run of 2026-11-22).
+  """
   from jaxgemm.backends.triton import DEFAULT_NUM_SMS  # noqa: PLC0415
+  if platform == "cuda":
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    return getattr(gpus[0], "core_count", None) or DEFAULT_NUM_SMS if gpus else DEFAULT_NUM_SMS
   return DEFAULT_NUM_SMS
 
 
