@@ -133,15 +133,22 @@ def _interpreted(fn):
 
 @contextlib.contextmanager
 def _interpreted_language():
-  """triton.language's own @jit functions (tl.zeros, tl.cdiv, ...) interpreted while a kernel runs.
+  """triton.language switched to the interpreter while a kernel runs, and back after.
 
-  Kernels reach them as attributes of the `tl` module, so they are swapped on
-  the module for the duration of the call, as the interpreter does for its
-  builtins, and restored after.
+  Two things, both undone on exit so that compiling for the GPU later in the
+  same process sees the real language (a PTX test after an interpreted run
+  failed before this):
+  * triton.language's own @jit functions (tl.zeros, tl.cdiv, ...) are swapped
+    for interpreted clones: kernels reach them as attributes of `tl`;
+  * the interpreter patches tl and tl.core with its builtins at each device
+    function call and restores only the outermost call's patches, so we take
+    one patch scope over both modules first and restore it last.
   """
   import triton.language as tl  # noqa: PLC0415
+  from triton.runtime import interpreter  # noqa: PLC0415
 
   originals = {n: v for n, v in vars(tl).items() if isinstance(v, triton.JITFunction)}
+  scope = interpreter._patch_lang(types.SimpleNamespace(__globals__={"tl": tl, "core": tl.core}))
   try:
     for name, jit_fn in originals.items():
       setattr(tl, name, _interpreted(jit_fn))
@@ -149,3 +156,4 @@ def _interpreted_language():
   finally:
     for name, jit_fn in originals.items():
       setattr(tl, name, jit_fn)
+    scope.restore()
