@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                   help="seconds one kernel (compile, check, timing) may take before the run "
                        "is ended as hung, keeping the CSV and report (default: 180 on a GPU, "
                        "60 on a CPU; 0: no limit)")
+  ap.add_argument("--time-budget", type=float, default=0,
+                  help="seconds after which no new problem (or training run) starts; the "
+                       "rest are recorded as skipped and the report is written (0: none)")
   ap.add_argument("--verbose", action="store_true", help="print tracebacks of kernel errors")
   ap.add_argument("--wallclock", action="store_true",
                   help="time with the wall clock even on a GPU (labelled as such)")
@@ -251,7 +254,8 @@ def main(argv=None) -> int:
                        max_rotate=args.max_rotate, cpu_call_budget_s=args.cpu_call_budget,
                        cpu_max_gflop=args.cpu_max_gflop, run_id=run_name,
                        exclude=tuple(x.strip() for x in args.exclude.split(",") if x.strip()),
-                       kernel_timeout_s=args.kernel_timeout, verbose=args.verbose)
+                       kernel_timeout_s=args.kernel_timeout, verbose=args.verbose,
+                       time_budget_s=args.time_budget)
 
   def on_hang():   # the watchdog's last act: keep the CSV and write the report
     writer.close()

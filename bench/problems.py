@@ -140,7 +140,7 @@ def _llm():
         default = (model == "llama3-8b" and t in (128, 2048, 8192)) or (
             model == "llama3-70b" and t == 4096)
         quick = model == "llama3-8b" and t == 2048
-        ladder = model == "llama3-8b" and proj == "gate_up" and t == 4096
+        ladder = model == "llama3-8b" and proj == "gate_up" and t == 2048
         out.append(_p("llm", f"{model}.{proj}.t{t}", t, d_in, d_out,
                       default=default, quick=quick, ladder=ladder,
                       note=f"{model} {proj} projection, {t} tokens"))

@@ -37,7 +37,8 @@ COLUMNS = [
     "time_ms_median", "time_ms_p10", "time_ms_p90", "time_ms_iqr", "time_ms_min",
     "tflops", "pct_peak", "gbps", "pct_copy_bw", "memory_bound",
     "xla_time_ms", "speedup_vs_xla", "compile_s", "first_run_s",
-    "tokens_per_step", "tokens_per_s", "steps", "step", "loss", "loss_first", "loss_last",
+    "tokens_per_step", "tokens_per_s", "step_wall_ms", "steps", "step", "loss", "loss_first",
+    "loss_last",
     "loss_max_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
     "config", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
     *PROVENANCE,
@@ -366,7 +367,8 @@ def training_table(run: Run) -> list[str]:
   for r in steps:
     who = "XLA dot" if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
     t = num(r["time_ms_median"])
-    rows.append([who, r["status"], f"{t:.3f}" if t else "-",
+    w = num(r.get("step_wall_ms"))
+    rows.append([who, r["status"], f"{t:.3f}" if t else "-", f"{w:.3f}" if w else "-",
                  f"{num(r['tokens_per_s']):,.0f}" if num(r["tokens_per_s"]) else "-",
                  _fmt_x(num(r["speedup_vs_xla"])),
                  f"{num(r['loss_first']):.4f} -> {num(r['loss_last']):.4f}" if num(r["loss_first"]) else "-",
@@ -375,7 +377,8 @@ def training_table(run: Run) -> list[str]:
                  {"1": "yes", "0": "NO"}.get(r.get("agree", ""), "-")])
   head = steps[0]
   return [f"Model: {head['problem_note']} ({head['problem']}).", "",
-          *_table(["GEMMs", "status", "step ms (median)", "tokens/s", "vs XLA",
+          *_table(["GEMMs", "status", "step ms (median, device)", "step ms (wall, training loop)",
+                   "tokens/s", "vs XLA",
                    "loss first -> last", "max loss rel diff vs XLA", "step-0 grad rel err",
                    "agree"], rows)]
 
@@ -595,6 +598,16 @@ PLOTS = {
 
 # ---------------------------------------------------------------- documents
 
+def _values(run: Run, key: str) -> str:
+  """A provenance field's distinct values over the rows (several for merged CSVs)."""
+  vals = []
+  for r in run.rows:
+    v = r.get(key, "")
+    if v and v not in vals:
+      vals.append(v)
+  return ", ".join(vals)
+
+
 def _method(run: Run) -> list[str]:
   f = run.first
   bw = run.copy_bw()
@@ -628,8 +641,8 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
     lines += [f"> {NOT_GPU_BANNER}", ""]
   lines += [f"Generated from `{csv_name}` by `python -m bench report {csv_name}`.", ""]
   lines += ["## Provenance", ""]
-  lines += _table(["field", "value"], [[k, f.get(k, "")] for k in PROVENANCE]
-                  + [["dtype", f.get("dtype", "")], ["precision", f.get("precision", "")]])
+  lines += _table(["field", "value"], [[k, _values(run, k)] for k in
+                                       (*PROVENANCE, "dtype", "precision", "run_id")])
   lines += ["", "## Method", "", *_method(run), ""]
   lines += ["## Headline: best jaxgemm kernel vs XLA, per suite", ""]
   if run.own_backends == ["xla"]:

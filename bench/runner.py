@@ -215,6 +215,11 @@ class Context:
   kernel_timeout_s: float = 0       # 0: no watchdog
   on_hang: Callable | None = None   # writes the report before a hung run exits
   verbose: bool = False
+  time_budget_s: float = 0          # 0: none; else no new problem starts after this
+  t_start: float = dataclasses.field(default_factory=time.perf_counter)
+
+  def out_of_time(self) -> bool:
+    return bool(self.time_budget_s) and time.perf_counter() - self.t_start > self.time_budget_s
 
   @property
   def on_gpu(self) -> bool:
@@ -568,6 +573,13 @@ def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backen
   rows = []
   try:
     for bp in probs:
+      if ctx.out_of_time():
+        row = base_row(ctx, bp.suite, "gemm", REF, REF_VARIANT, bp, bp.dtype or ctx.dtype_name)
+        row.update(status=STATUS_SKIPPED, note=f"not run: --time-budget {ctx.time_budget_s:g} s spent")
+        ctx.emit(row)
+        rows.append(row)
+        bar.update(f"{bp.name} (out of time)")
+        continue
       kernels = choose_kernels(bp, backends, variants_policy, bp.dtype or ctx.dtype_name,
                                slow={} if ctx.on_gpu else ctx.slow, best_seen=ctx.best_seen)
       r = run_problem(ctx, bp, kernels, make_fn)

@@ -62,6 +62,7 @@ class Timer:
     self.platform = platform
     self._measure = None
     self._takes_iterations = False
+    self._worked = False
     self.fallback_reason = ""
     if platform == "gpu" and not force_wall:
       try:
@@ -93,17 +94,21 @@ class Timer:
     try:
       if self._takes_iterations:
         _, timings = self._measure(f, iterations=iters)(*args)
-        return _as_list(timings, iters)
-      # Older profilers time one call per measure() (plus a warm-up each).
-      out = []
-      for _ in range(iters):
-        _, t = self._measure(f)(*args)
-        out.extend(_as_list(t, 1))
+        out = _as_list(timings, iters)
+      else:
+        # Older profilers time one call per measure() (plus a warm-up each).
+        out = []
+        for _ in range(iters):
+          _, t = self._measure(f)(*args)
+          out.extend(_as_list(t, 1))
+      self._worked = True
       return out
     except RuntimeError as e:
-      if "not supported" in str(e):
-        # CUPTI itself is unusable here: fall back for the rest of the run.
-        self.fallback_reason = f"CUPTI failed: {e}"
+      msg = str(e)
+      about_this_function = any(w in msg for w in ("divisible", "consistent", "no kernel"))
+      if "not supported" in msg or (not self._worked and not about_this_function):
+        # CUPTI itself is unusable here: wall clock for the rest of the run, labelled.
+        self.fallback_reason = f"CUPTI failed: {type(e).__name__}: {msg[:120]}"
         self._measure = None
         return _wall(f, args, iters)
       raise

@@ -27,6 +27,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import jaxgemm
 
@@ -212,12 +213,13 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
   t0 = time.perf_counter()
   compiled = step.lower(params, opt, *data[0]).compile()
   compile_s = time.perf_counter() - t0
-  losses, grads0 = [], None
+  losses, grads0, walls = [], None, []
   p, o = params, opt
   for i, (tok, tgt) in enumerate(data):
     t0 = time.perf_counter()
     p, o, loss = jax.block_until_ready(compiled(p, o, tok, tgt))
     wall = time.perf_counter() - t0
+    walls.append(wall)
     losses.append(float(loss))
     if i == 0:
       grads0 = jax.tree.map(lambda m: m / (1 - ADAM_B1), o["m"])
@@ -228,7 +230,9 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
                      f"{wall:.1f} s (CPU budget {2 * ctx.cpu_call_budget_s:g} s)"}
   # Time the step (same inputs each call; the steps above were the warm-up).
   samples = ctx.timer.time(compiled, (params, opt, *data[0]), ctx.iters)
-  return losses, grads0, summarize(samples), {"compile_s": compile_s, "stopped": ""}
+  wall_ms = 1e3 * float(np.median(walls[1:])) if len(walls) > 1 else None
+  return losses, grads0, summarize(samples), {"compile_s": compile_s, "stopped": "",
+                                              "wall_ms": wall_ms}
 
 
 def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: bool = False,
@@ -286,14 +290,19 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
 
   # ---- XLA's dot
   ref = row_for(REF, REF_VARIANT, "train_step")
+  if ctx.out_of_time():
+    ref.update(status=STATUS_SKIPPED, note=f"not run: --time-budget {ctx.time_budget_s:g} s spent")
+    emit(ref)
+    bar.close()
+    return rows
   try:
     with Watchdog(ctx, ref, "training on XLA's dot", factor=TIMEOUT_FACTOR):
       ref_losses, ref_grads0, ref_stats, info = train_one(
           ctx, cfg, REF, REF_VARIANT, dtype_name,
           mm=mm_factory(REF, REF_VARIANT) if mm_factory else None)
     ref.update(_step_metrics(ctx, cfg, ref_stats, None), status=STATUS_OK,
-               compile_s=info["compile_s"], loss_first=ref_losses[0], loss_last=ref_losses[-1],
-               timer=ctx.timer.label)
+               compile_s=info["compile_s"], step_wall_ms=info.get("wall_ms"),
+               loss_first=ref_losses[0], loss_last=ref_losses[-1], timer=ctx.timer.label)
   except Exception as e:  # noqa: BLE001
     ref.update(status=STATUS_ERROR, note=short_error(e))
     emit(ref)
@@ -355,10 +364,11 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     elif stats is None:
       r.update(status=STATUS_SKIPPED, note=info["stopped"])
     else:
-      r.update(_step_metrics(ctx, cfg, stats, ref_stats["median_ms"]), status=STATUS_OK)
+      r.update(_step_metrics(ctx, cfg, stats, ref_stats["median_ms"]), status=STATUS_OK,
+               step_wall_ms=info.get("wall_ms"))
     emit(r)
     emit_losses(backend, variant, losses)
-    msg = (f"step {r['time_ms_median']:.3f} ms ({r['speedup_vs_xla']:.2f}x)"
+    msg = (f"step {r['time_ms_median']:.3f} ms ({r['speedup_vs_xla']:.3g}x)"
            if r["status"] == STATUS_OK else r["status"].upper())
     bar.write(f"    {backend + '/' + variant:<28} {msg}, loss {losses[0]:.4f} -> "
               f"{losses[-1]:.4f}, max rel diff vs XLA {max_rel:.2e}, "

@@ -114,6 +114,47 @@ def test_summarize_and_cupti_result_shapes():
   assert len(t.time(jax.jit(lambda x: x + 1), (jnp.ones(4),), 3)) == 3
 
 
+def test_cupti_path_with_a_fake_profiler():
+  """The GPU timer's plumbing, with measure() faked: both signatures, and the fallback."""
+  calls = []
+
+  def measure(f, *, aggregate=True, iterations=1):
+    def wrapper(*args):
+      calls.append(iterations)
+      out = f(*args)
+      return out, (0.5 if iterations == 1 else [0.5 + i for i in range(iterations)])
+    return wrapper
+
+  f = jax.jit(lambda x: x * 2)
+  x = jnp.ones(8)
+  t = timing.Timer("cpu")
+  t._measure, t._takes_iterations = measure, True
+  assert t.label == "cupti" and t.is_device_timer
+  assert t.time(f, (x,), 20) == [0.5 + i for i in range(20)] and calls == [20]
+  t._takes_iterations = False                     # an older measure(f) without iterations
+  assert t.time(f, (x,), 3) == [0.5, 0.5, 0.5]
+
+  def unusable(f, **kw):
+    def wrapper(*args):
+      raise RuntimeError("CUPTI profiling is not supported on this platform")
+    return wrapper
+
+  t._measure = unusable
+  assert len(t.time(f, (x,), 4)) == 4             # fell back to the wall clock...
+  assert t.label.startswith("wallclock (CUPTI failed")   # ...and says so
+
+  def inconsistent(f, **kw):
+    def wrapper(*args):
+      raise RuntimeError("Kernel names are not consistent across iterations")
+    return wrapper
+
+  t = timing.Timer("cpu")
+  t._measure, t._takes_iterations, t._worked = inconsistent, True, True
+  with pytest.raises(RuntimeError):               # a problem of this function: its row errs
+    t.time(f, (x,), 20)
+  assert t.label == "cupti"
+
+
 # ---------------------------------------------------------------- correctness gate
 
 def _ctx(rows, **kw):
@@ -215,7 +256,7 @@ def test_training_detects_a_wrong_gemm():
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("bench")
-  rc = cli.main(["--suite", "tiny,training", "--backends", "xla", "--iters", "3",
+  rc = cli.main(["--suite", "tiny,training", "--quick", "--backends", "xla", "--iters", "3",
                  "--training-steps", "3", "--out", str(out), "--run-name", "cpu-test"])
   assert rc == 0
   return out / "cpu-test"
@@ -235,7 +276,7 @@ def test_cpu_run_writes_csv_with_provenance(cpu_run):
     assert r["platform"] == "cpu"
   gemm = [r for r in rows if r["kind"] == "gemm"]
   names = {r["problem"] for r in gemm}
-  assert names == {p.name for p in P.SUITES["tiny"]}
+  assert names == {p.name for p in P.select("tiny", default_only=True, quick=True)}
   assert all(r["status"] == "ok" for r in gemm), [r for r in gemm if r["status"] != "ok"]
   for r in gemm:
     assert float(r["time_ms_median"]) > 0 and int(r["iters"]) == 3
