@@ -377,7 +377,7 @@ def training_table(run: Run) -> list[str]:
                  {"1": "yes", "0": "NO"}.get(r.get("agree", ""), "-")])
   head = steps[0]
   return [f"Model: {head['problem_note']} ({head['problem']}).", "",
-          *_table(["GEMMs", "status", "step ms (median, device)", "step ms (wall, training loop)",
+          *_table(["GEMMs", "status", "step ms (median, run timer)", "step ms (wall, training loop)",
                    "tokens/s", "vs XLA",
                    "loss first -> last", "max loss rel diff vs XLA", "step-0 grad rel err",
                    "agree"], rows)]
