@@ -170,6 +170,12 @@ def _setup_triton_cache():
     pass
 
 
+def R_platform(device) -> str:
+  """'gpu' for CUDA/ROCm devices (whatever jax calls them), else the platform name."""
+  p = device.platform
+  return "gpu" if p in ("gpu", "cuda", "rocm") else p
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv and argv[0] == "report":
@@ -178,7 +184,7 @@ def main(argv=None) -> int:
 
   import jax  # noqa: PLC0415
 
-  platform = jax.devices()[0].platform
+  platform = R_platform(jax.devices()[0])
   on_gpu = platform == "gpu"
   if args.list:
     _list(args, on_gpu, platform)

@@ -81,6 +81,9 @@ def _driver() -> str:
   return "unknown"
 
 
+COMMIT_ENV = "JAXGEMM_BENCH_COMMIT"   # the commit, when the tree has no .git
+
+
 def repo_root() -> Path:
   return Path(__file__).resolve().parent.parent
 
@@ -90,15 +93,19 @@ def provenance() -> dict:
 
   devs = jax.devices()
   d = devs[0]
-  platform = d.platform
+  platform = "gpu" if d.platform in ("gpu", "cuda", "rocm") else d.platform
   on_gpu = platform == "gpu"
   try:
     pv = d.client.platform_version
   except Exception:  # noqa: BLE001
     pv = ""
   root = repo_root()
-  commit = _run(["git", "rev-parse", "HEAD"], cwd=root) or "unknown"
+  commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
   dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+  if not commit:
+    # A copy of the tree without .git (e.g. on a GPU machine): the caller may say.
+    commit = os.environ.get(COMMIT_ENV, "") or "unknown"
+    dirty = os.environ.get(COMMIT_ENV + "_DIRTY", "")
   return {
       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
       "platform": platform,
@@ -109,7 +116,8 @@ def provenance() -> dict:
       "jax": _version("jax"), "jaxlib": _version("jaxlib"),
       "triton": _version("triton"), "jax_triton": _version("jax-triton"),
       "numpy": _version("numpy"), "python": _platform.python_version(),
-      "git_commit": commit, "git_dirty": int(bool(dirty)) if commit != "unknown" else "",
+      "git_commit": commit,
+      "git_dirty": int(bool(dirty) and dirty != "0") if commit != "unknown" else "",
   }
 
 
