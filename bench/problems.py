@@ -120,6 +120,7 @@ LLM_LAYERS = {
         "qkv": (4096, 4096 + 2 * 8 * 128),      # 4096 -> 6144
         "o": (4096, 4096),
         "gate_up": (4096, 2 * 14336),           # fused gate and up: 4096 -> 28672
+        "up": (4096, 14336),                    # gate or up alone: 4096 -> 14336
         "down": (14336, 4096),
     },
     "llama3-70b": {
@@ -140,7 +141,9 @@ def _llm():
         default = (model == "llama3-8b" and t in (128, 2048, 8192)) or (
             model == "llama3-70b" and t == 4096)
         quick = model == "llama3-8b" and t == 2048
-        ladder = model == "llama3-8b" and proj == "gate_up" and t == 2048
+        # The MLP shapes of issue 4's table: 8192x4096x14336 and 8192x14336x4096.
+        ladder = model == "llama3-8b" and ((proj == "gate_up" and t == 2048) or (
+            proj in ("up", "down") and t == 8192))
         out.append(_p("llm", f"{model}.{proj}.t{t}", t, d_in, d_out,
                       default=default, quick=quick, ladder=ladder,
                       note=f"{model} {proj} projection, {t} tokens"))
@@ -155,7 +158,7 @@ def _skinny():
   for m in (1, 2, 4, 8, 16, 32, 64, 128, 256):
     out.append(_p("skinny", f"m{m}.k8192.n8192", m, 8192, 8192,
                   default=m in (1, 16, 64, 128, 256), quick=m in (16, 128),
-                  ladder=m == 16, note="decode, memory bound"))
+                  ladder=m in (16, 128), note="decode, memory bound"))
   for m in (1, 16, 64, 256):
     out.append(_p("skinny", f"m{m}.k4096.n14336", m, 4096, 14336,
                   default=m in (1, 64), note="llama3-8b up, decode"))
@@ -192,6 +195,7 @@ def _unaligned():
 #   dgrad: dx = dy @ W^T       M=T,    K=d_out, N=d_in   NT (W stored d_in x d_out)
 #   wgrad: dW = x^T @ dy       M=d_in, K=T,     N=d_out  TN (x stored T x d_in)
 BACKWARD_LAYERS = {
+    "square4096": (4096, 4096),                 # the issues' "4096^3 layer"
     "llama3-8b.gate_up": (4096, 2 * 14336),
     "llama3-8b.down": (14336, 4096),
     "llama3-70b.qkv": (8192, 8192 + 2 * 8 * 128),
@@ -204,7 +208,7 @@ def _backward():
     for t in (4096, 16384):
       default = t == 4096 and layer != "llama3-70b.qkv"
       quick = t == 4096 and layer == "llama3-8b.down"
-      ladder = t == 4096 and layer == "llama3-8b.down"
+      ladder = t == 4096 and layer == "square4096"
       for step, (m, k, n, ta, tb) in {
           "fwd": (t, d_in, d_out, False, False),
           "dgrad": (t, d_out, d_in, False, True),
