@@ -2,3 +2,4 @@
 
 from jaxgemm.backends import xla  # noqa: F401
 from jaxgemm.backends import triton  # noqa: F401
+from jaxgemm.backends import pallas  # noqa: F401
