@@ -17,8 +17,10 @@ and a session seed (printed in the header; set JAXGEMM_TEST_SEED to replay).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
+import threading
 import zlib
 
 import jax
@@ -27,6 +29,10 @@ import pytest
 
 import jaxgemm
 from gemm_testing import Kernel, all_kernels
+
+# A test that runs longer than this (an interpreted kernel that deadlocks)
+# ends the run with every thread's traceback instead of hanging CI.
+TEST_TIMEOUT_S = float(os.environ.get("JAXGEMM_TEST_TIMEOUT", 600))
 
 SESSION_SEED = int(os.environ.get("JAXGEMM_TEST_SEED", random.SystemRandom().randrange(2**31)))
 
@@ -82,6 +88,40 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.get_closest_marker("gpu") is not None:
       item.add_marker(skip)
+
+
+_REAL_STDERR = None
+
+
+def _watchdog_fire(nodeid):
+  _REAL_STDERR.write(f"\n\n*** {nodeid} ran longer than JAXGEMM_TEST_TIMEOUT="
+                     f"{TEST_TIMEOUT_S:g} s; ending the test run. Threads:\n")
+  _REAL_STDERR.flush()
+  faulthandler.dump_traceback(_REAL_STDERR, all_threads=True)
+  _REAL_STDERR.flush()
+  os._exit(3)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  global _REAL_STDERR
+  if TEST_TIMEOUT_S <= 0:
+    yield
+    return
+  if _REAL_STDERR is None:
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():
+      _REAL_STDERR = os.fdopen(os.dup(2), "w")
+  timer = threading.Timer(TEST_TIMEOUT_S, _watchdog_fire, (item.nodeid,))
+  timer.daemon = True
+  timer.start()
+  # Backstop should the hung code hold the GIL: the C-level watchdog.
+  faulthandler.dump_traceback_later(TEST_TIMEOUT_S + 30, exit=True, file=_REAL_STDERR)
+  try:
+    yield
+  finally:
+    timer.cancel()
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture

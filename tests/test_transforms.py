@@ -534,3 +534,31 @@ def test_jaxpr_walk_finds_nested_dot_general():
   names = primitive_names(jax.make_jaxpr(f)(jnp.ones((3, 4))))
   assert "dot_general" in names
   assert "dot_general" not in [e.primitive.name for e in jax.make_jaxpr(f)(jnp.ones((3, 4))).eqns]
+
+
+@pytest.mark.parametrize("dims,batch", [(NN, ()), (TN, ()), (NT, ()), (TT, ()),
+                                        ((((2,), (1,)), ((0,), (0,))), (3,))],
+                         ids=["NN", "TN", "NT", "TT", "batched"])
+def test_derived_gemms_pass_the_variant_check(kernel, dims, batch):
+  """The GEMMs that grad and vmap derive run on the forward's kernel: each must be
+  one that kernel accepts (its `check`), as the forward was, or it would run a
+  kernel outside its contract. Traced only."""
+  from jaxgemm import primitive
+  a_shape, b_shape = _shapes(dims, batch=batch)
+  fn = lambda a, b, **kw: jaxgemm.dot_general(a, b, dims, **kw)
+  dtype, precision = best_setting(kernel, a_shape, b_shape, fn=fn)
+  f = lambda a, b: fn(a, b, precision=precision, **kernel.kw).astype(jnp.float32).sum()
+  a, b = jax.ShapeDtypeStruct(a_shape, dtype), jax.ShapeDtypeStruct(b_shape, dtype)
+  va = jax.ShapeDtypeStruct((4, *a_shape), dtype)
+  jaxprs = [jax.make_jaxpr(jax.grad(f, (0, 1)))(a, b),
+            jax.make_jaxpr(jax.vmap(jax.grad(f, (0, 1)), (0, None)))(va, b)]
+  checked = 0
+  for jaxpr in jaxprs:
+    for e in iter_eqns(jaxpr):
+      if e.primitive is jaxgemm.matmul_p:
+        problem = primitive.problem_of(*[v.aval for v in e.invars], **e.params)
+        backend, variant, config = primitive.resolve_kernel(problem, e.params)
+        assert (backend.name, variant) == kernel
+        backend.check(problem, variant, config)
+        checked += 1
+  assert checked == 3 + 3
