@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--run-name", default=None,
                   help="subfolder of --out (default: <device>-<dtype>-<date>; 'cpu-...' "
                        "without a GPU)")
+  ap.add_argument("--default-only", action="store_true",
+                  help="run only the default subset of each named suite")
   ap.add_argument("--quick", action="store_true",
                   help="a few problems per suite and a short training run")
   ap.add_argument("--list", action="store_true",
@@ -119,7 +121,7 @@ def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
     elif name == P.TRAINING:
       out.append((name, None))
     elif name in P.SUITES:
-      out.append((name, P.select(name, default_only=False, quick=args.quick)))
+      out.append((name, P.select(name, default_only=args.default_only, quick=args.quick)))
     else:
       raise SystemExit(f"unknown suite {name!r}; valid: {[*P.ALL_SUITES, 'default']}")
   seen, uniq = set(), []
