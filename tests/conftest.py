@@ -45,6 +45,7 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "cases(common, xla=()): test cases for every kernel, plus xla-only ones")
   config.addinivalue_line("markers", "kernel_backends: only the non-xla backends' kernels")
+  config.addinivalue_line("markers", "slow_for_kernels: mark `slow` for non-xla kernels")
 
 
 def pytest_report_header(config):
@@ -67,9 +68,15 @@ def pytest_generate_tests(metafunc):
   kernels = all_kernels()
   if metafunc.definition.get_closest_marker("kernel_backends") is not None:
     kernels = [k for k in kernels if not k.is_xla]
+  # Heavy chains of GEMMs (a 20-step training run is ~100 interpreted kernel
+  # launches): `slow` on interpreted (non-xla) kernels, so `-m "not slow"`
+  # keeps the CPU run short; the xla reference always runs.
+  heavy = metafunc.definition.get_closest_marker("slow_for_kernels") is not None
+  marks_of = lambda k: [pytest.mark.slow] if heavy and not k.is_xla else []
   marker = metafunc.definition.get_closest_marker("cases")
   if marker is None:
-    metafunc.parametrize("kernel", kernels, ids=str)
+    metafunc.parametrize("kernel", [pytest.param(k, id=str(k), marks=marks_of(k))
+                                    for k in kernels])
     return
   common = [_as_param(c) for c in marker.args[0]]
   xla_only = [_as_param(c) for c in marker.kwargs.get("xla", ())]
@@ -77,7 +84,8 @@ def pytest_generate_tests(metafunc):
   for k in kernels:
     for case in common + (xla_only if k.is_xla else []):
       (value,) = case.values
-      params.append(pytest.param(k, value, id=f"{k}-{case.id}", marks=case.marks))
+      params.append(pytest.param(k, value, id=f"{k}-{case.id}",
+                                 marks=[*case.marks, *marks_of(k)]))
   metafunc.parametrize(("kernel", "case"), params)
 
 

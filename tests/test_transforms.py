@@ -369,6 +369,7 @@ def _assert_rel(got, ref, tol, what):
 CHAIN = 4
 
 
+@pytest.mark.slow_for_kernels
 def test_hessian(kernel, rng):
   dtype, precision = best_setting(kernel, (3, 8), (8, 8))
   a = random_array(rng, (3, 8), dtype, "uniform")
@@ -381,6 +382,7 @@ def test_hessian(kernel, rng):
               f"{kernel} hessian")
 
 
+@pytest.mark.slow_for_kernels
 def test_vmap_grad(kernel, rng):
   """Per-example gradients: vmap(grad) over examples, weights shared."""
   dtype, precision = best_setting(kernel, (7, K), (K, N))
@@ -394,6 +396,7 @@ def test_vmap_grad(kernel, rng):
               f"{kernel} vmap(grad)")
 
 
+@pytest.mark.slow_for_kernels
 def test_grad_grad(kernel, rng):
   dtype, precision = best_setting(kernel, (M, K), (K, N))
   a = random_array(rng, (M, K), dtype)
@@ -446,6 +449,7 @@ def _mlp_setup(rng):
   return x, y, params
 
 
+@pytest.mark.slow_for_kernels
 def test_mlp_training_matches_xla(kernel, rng):
   """A jitted 2-layer MLP step: the kernel's loss trajectory is the xla backend's."""
   dtype, precision = best_setting(kernel, (32, K), (K, N))
