@@ -93,6 +93,9 @@ def _report_main(argv) -> int:
   ap.add_argument("csv", nargs="+")
   ap.add_argument("--out", default=None,
                   help="folder for the outputs (default: the CSV's; required for several)")
+  ap.add_argument("--readme", default=None, metavar="README.md",
+                  help="also replace the block between the README's bench markers "
+                       "with the generated tables")
   args = ap.parse_args(argv)
   from .report import generate, merge_csvs  # noqa: PLC0415
   csv_path = args.csv[0]
@@ -106,6 +109,10 @@ def _report_main(argv) -> int:
   print(f"README tables: {made['readme_tables']}")
   for p in made["plots"].values():
     print(f"plot:          {p}")
+  if args.readme:
+    from .report import update_readme  # noqa: PLC0415
+    update_readme(Path(args.readme), made["readme_tables"].read_text())
+    print(f"README:        {args.readme} (tables replaced)")
   return 0
 
 
