@@ -478,10 +478,7 @@ def plot_size(run: Run, path: Path) -> bool:
     ax.set_title(f"{b}: {suite} suite, {run.first.get('dtype', '')}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-  _title(fig, run)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, run, path)
   return True
 
 
@@ -517,10 +514,7 @@ def plot_ladder(run: Run, path: Path) -> bool:
     ax.set_title(f"kernel ladder: {b} (missing bar = failed/unsupported)")
     ax.legend(fontsize=7, ncol=min(len(labels), 6))
     ax.grid(axis="y", alpha=0.3)
-  _title(fig, run)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, run, path)
   return True
 
 
@@ -543,10 +537,7 @@ def plot_ratio(run: Run, path: Path, suite: str = "llm") -> bool:
   ax.set_title(f"{suite} suite: each backend's best variant against XLA's dot")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  _title(fig, run)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, run, path)
   return True
 
 
@@ -577,10 +568,7 @@ def plot_bandwidth(run: Run, path: Path) -> bool:
   ax.set_title("skinny (decode) suite: achieved bandwidth")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=6)
-  _title(fig, run)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, run, path)
   return True
 
 
@@ -603,10 +591,7 @@ def plot_training(run: Run, path: Path) -> bool:
   ax.set_title("training loss: jaxgemm GEMMs vs XLA's dot (same init, same data)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  _title(fig, run)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _save(fig, run, path)
   return True
 
 
@@ -615,6 +600,14 @@ def _autoscale(ax, values):
   v = [x for x in values if x and x > 0]
   if v and max(v) / min(v) > 100:
     ax.set_yscale("log")
+
+
+def _save(fig, run: Run, path: Path) -> None:
+  plt = _plt()
+  _title(fig, run)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def _title(fig, run: Run):
