@@ -197,15 +197,16 @@ def _geomean(xs):
 def _merged_view(rows: list[dict]) -> list[dict]:
   """Rows of merged runs, made comparable problem by problem.
 
-  * Several dtypes: each GEMM row's suite is labelled with its dtype
-    ("square (fp32)"), so that tables never put an fp32 time next to a bf16 one.
+  * Several dtypes: the GEMM rows of every dtype but the run's first are
+    labelled with it ("square (fp32)"), so that tables never put an fp32 time
+    next to a bf16 one, and the plots keep the first dtype's suites.
   * A problem skipped in one run (out of time) and measured in another: the
     measured rows win.
   """
-  gemm_dtypes = {r["dtype"] for r in rows if r["kind"] == "gemm"}
+  gemm_dtypes = list(dict.fromkeys(r["dtype"] for r in rows if r["kind"] == "gemm"))
   if len(gemm_dtypes) > 1:
-    rows = [dict(r, suite=f"{r['suite']} ({r['dtype']})") if r["kind"] == "gemm" else r
-            for r in rows]
+    rows = [dict(r, suite=f"{r['suite']} ({r['dtype']})")
+            if r["kind"] == "gemm" and r["dtype"] != gemm_dtypes[0] else r for r in rows]
   keep: dict[tuple, int] = {}
   for i, r in enumerate(rows):
     if r["kind"] != "gemm":
