@@ -19,7 +19,7 @@ from jax import lax
 import jaxgemm
 from jaxgemm import config as cfg
 from jaxgemm import registry
-from gemm_testing import all_kernels
+from gemm_testing import all_kernels, best_setting
 
 F32 = jnp.float32
 
@@ -347,9 +347,11 @@ def test_dot_general_size_mismatch(kw, lhs, rhs, dims, match):
 ], ids=["two-contracting", "batch-not-leading", "outer", "contract-middle", "control"])
 def test_dot_general_unmapped_dims_named_backend(kernel, lhs, rhs, dims, match):
   """Dimension numbers matmul_p cannot express: NotImplementedError naming why."""
-  f = lambda l, r: jaxgemm.dot_general(l, r, dims, **kernel.kw)
+  f = lambda l, r, **kw: jaxgemm.dot_general(l, r, dims, **kw, **kernel.kw)
   if match is None:
-    jax.eval_shape(f, _sds(lhs), _sds(rhs))
+    dtype, precision = best_setting(kernel, lhs, rhs,
+                                   fn=lambda l, r, **kw: jaxgemm.dot_general(l, r, dims, **kw))
+    jax.eval_shape(lambda l, r: f(l, r, precision=precision), _sds(lhs, dtype), _sds(rhs, dtype))
     return
   _raises_everywhere(NotImplementedError, f, _sds(lhs), _sds(rhs),
                      match=[match, repr(kernel.backend)])

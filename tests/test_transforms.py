@@ -73,7 +73,10 @@ def test_check_grads_order2_x64_xla(shapes, rng, x64):
   a = random_array(rng, a_shape, np.float64)
   b = random_array(rng, b_shape, np.float64)
   f = lambda a, b: jnp.tanh(jaxgemm.dot_general(a, b, dims, backend="xla"))
-  check_grads(f, (a, b), order=2, modes=("fwd", "rev"))
+  # eps=1e-6: the numerical derivatives' truncation error (~eps^2) stays far
+  # below the float64 tolerance (check_grads' default eps of 1e-4 does not
+  # for tanh of larger arguments).
+  check_grads(f, (a, b), order=2, modes=("fwd", "rev"), eps=1e-6)
 
 
 @pytest.mark.parametrize("shapes", [((2, 1, 7, 9), (3, 9, 5)), ((9,), (2, 9, 5)),
@@ -84,7 +87,7 @@ def test_check_grads_order2_x64_xla_matmul_shapes(shapes, rng, x64):
   a = random_array(rng, a_shape, np.float64)
   b = random_array(rng, b_shape, np.float64)
   f = lambda a, b: jnp.sin(jaxgemm.matmul(a, b, backend="xla"))
-  check_grads(f, (a, b), order=2, modes=("fwd", "rev"))
+  check_grads(f, (a, b), order=2, modes=("fwd", "rev"), eps=1e-6)
 
 
 @pytest.mark.parametrize("dims", [NN, TT], ids=["NN", "TT"])
