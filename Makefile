@@ -16,8 +16,10 @@ $(VENV)/.installed-%: pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[$*]'
 	touch $@
 
+# `slow`: heavy transformation tests of kernels whose CPU interpreter is slow
+# (tests/conftest.py); they run compiled in gpu-test.
 test: $(VENV)/.installed-test
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m bench $(BENCH_ARGS)
@@ -31,7 +33,7 @@ gpu-env:
 	python3 -m pip install -q --no-deps --no-build-isolation -e .
 
 gpu-test: gpu-env
-	PYTHONPATH=$(CURDIR)/.gpu-site python3 -m pytest -m gpu $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR)/.gpu-site python3 -m pytest -m "gpu or slow" $(PYTEST_ARGS)
 
 gpu-bench: gpu-env
 	PYTHONPATH=$(CURDIR)/.gpu-site python3 -m bench $(BENCH_ARGS)
