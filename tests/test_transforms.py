@@ -471,8 +471,11 @@ def test_mlp_training_matches_xla(kernel, rng):
   got, step = _mlp_losses(mm(kernel.kw), dtype, x, y, params)
   assert np.all(np.isfinite(got))
   assert got[-1] < 0.8 * got[0], f"training does not learn: {got}"
-  np.testing.assert_allclose(got, want, rtol=tolerance(dtype, np.float32, precision),
-                             err_msg=f"{kernel} loss trajectory vs xla")
+  # 20 steps chain ~100 GEMMs whose fp32 sums run in each kernel's own order:
+  # the CHAIN factor of the other chained tests (pallas-pipelined on the H200:
+  # 2.7e-5 from xla's trajectory, against a single GEMM's 1e-5).
+  rtol = tolerance(dtype, np.float32, precision) * (1 if kernel.is_xla else CHAIN)
+  np.testing.assert_allclose(got, want, rtol=rtol, err_msg=f"{kernel} loss trajectory vs xla")
   # The step runs on matmul_p: 2 forward GEMMs, 3 backward (dW1, dh, dW2).
   jaxpr = jax.make_jaxpr(step)(params, x, y)
   assert primitive_names(jaxpr).count("jaxgemm_matmul") == 5
