@@ -134,10 +134,10 @@ def test_non_numeric_dtype(kw):
 def test_variant_limits_are_clear(kernel, dtype, precision):
   """A (dtype, precision) a variant cannot run: NotImplementedError naming it.
 
-  On an aligned, untiled shape, so the dtype/precision is the only problem;
-  backend="auto" takes every one of them.
+  On an aligned shape of several output tiles (Pallas `clusters` pairs two),
+  so the dtype/precision is the only problem; backend="auto" takes them all.
   """
-  a, b = _sds((40, 24), dtype), _sds((24, 56), dtype)
+  a, b = _sds((40, 24), dtype), _sds((24, 264), dtype)
   f = lambda a, b: jaxgemm.matmul(a, b, precision=precision, **kernel.kw)
   try:
     out = jax.eval_shape(f, a, b)
@@ -147,7 +147,7 @@ def test_variant_limits_are_clear(kernel, dtype, precision):
     names = [np.dtype(dtype).name] + ([] if precision is None else [precision.name, "precision"])
     assert kernel.backend in msg and any(n.lower() in msg.lower() for n in names), msg
   else:
-    assert out.dtype == dtype and out.shape == (40, 56)
+    assert out.dtype == dtype and out.shape == (40, 264)
   jax.eval_shape(lambda a, b: jaxgemm.matmul(a, b, precision=precision), a, b)
 
 
