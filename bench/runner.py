@@ -137,13 +137,12 @@ def gemm_problem(bp: P.BenchProblem, dtype_name: str) -> registry.GemmProblem:
 def default_variant(backend: str, bp: P.BenchProblem | None, dtype_name: str) -> str:
   """The variant the backend picks for the problem when none is named (its best)."""
   b = registry.get_backend(backend)
-  if bp is not None and hasattr(b, "default_variant"):
+  if bp is not None:
     try:
       return b.default_variant(gemm_problem(bp, dtype_name))
     except Exception:  # noqa: BLE001 (fall back to the ladder's top)
       pass
-  best = getattr(b, "best_variant", None)
-  return best if isinstance(best, str) else b.variants[-1]
+  return b.variants[-1]
 
 
 def kernel_config(bp: P.BenchProblem, dtype_name: str, backend: str, variant: str) -> str:

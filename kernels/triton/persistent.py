@@ -117,10 +117,8 @@ def num_sms(platform: str) -> int:
   TRITON_CACHE_DIR to "" (the H200 GPU test run of 2026-11-22).
   """
   from jaxgemm.backends.triton import DEFAULT_NUM_SMS  # noqa: PLC0415
-  if platform == "cuda":
-    gpus = [d for d in jax.devices() if d.platform == "gpu"]
-    return getattr(gpus[0], "core_count", None) or DEFAULT_NUM_SMS if gpus else DEFAULT_NUM_SMS
-  return DEFAULT_NUM_SMS
+  gpus = [d for d in jax.devices() if d.platform == "gpu"] if platform == "cuda" else []
+  return (getattr(gpus[0], "core_count", None) if gpus else None) or DEFAULT_NUM_SMS
 
 
 def launch(problem, config, platform, out_mn=None):
