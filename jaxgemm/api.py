@@ -16,17 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxgemm import registry
+from jaxgemm import dispatch, registry
 from jaxgemm.config import KernelConfig
 from jaxgemm.primitive import bind
 from jaxgemm.registry import GemmProblem
-
-# Preference order of `backend="auto"`: the first backend whose kernel accepts
-# the problem runs it. XLA only until the autotuner measures where our
-# kernels win; everything matmul_p does not take (integers, complex, exotic
-# precisions) goes to lax directly, so "auto" accepts whatever jnp.matmul does.
-AUTO_ORDER = ("xla",)
-
 
 def _canonical_precision(precision) -> tuple[lax.Precision, lax.Precision] | None:
   if precision is None:
@@ -56,39 +49,27 @@ def _route(problem: GemmProblem | None, backend: str, variant, config,
   problem raises (NotImplementedError for unsupported features, ValueError or
   TypeError for bad arguments).
   """
-  if backend == "auto":
+  if backend == dispatch.AUTO:
     if variant is not None or config is not None:
-      raise ValueError(f"variant= and config= pick a kernel within a named backend; "
-                       f"got backend='auto' with {variant=}, {config=}. "
-                       f"Name one of {list(registry.backends())}.")
+      dispatch.choose(None, backend, variant, config)   # raises the ValueError
     if problem is None:
       return None
-    for name in AUTO_ORDER:
-      b = registry.get_backend(name)
-      if b.unavailable_reason() is not None:
-        continue
-      chosen_variant = b.default_variant(problem)
-      try:
-        b.check(problem, chosen_variant, b.default_config(problem, chosen_variant))
-      except NotImplementedError:
-        continue
-      return dict(backend=name, variant=None, config=None)
-    return None
+    dispatch.choose(problem, backend)
+    return dict(backend=backend, variant=None, config=None)
 
   b = registry.get_backend(backend)
   reason = b.unavailable_reason()
   if reason is not None:
     raise ValueError(f"backend={backend!r} is not usable here: {reason}. "
                      f"Usable backends: {list(registry.backends())}")
-  chosen_variant = registry.resolve_variant(b, variant, problem)
+  registry.resolve_variant(b, variant, None)   # an unknown name is reported first
   if config is not None and not isinstance(config, b.config_cls):
     raise TypeError(f"backend={backend!r} takes config={b.config_cls.__name__}(...), "
                     f"got {type(config).__name__}")
   if problem is None:
     raise NotImplementedError(f"backend={backend!r} cannot run this call: "
                               f"{why_not_canonical}")
-  chosen_config = config if config is not None else b.default_config(problem, chosen_variant)
-  b.check(problem, chosen_variant, chosen_config)
+  dispatch.choose(problem, backend, variant, config)   # checks the choice before tracing
   # What the caller left open (None) is chosen per problem at lowering, so the
   # backward GEMMs, whose shapes differ, get their own variant and tiles.
   return dict(backend=backend, variant=variant, config=config)

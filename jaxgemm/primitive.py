@@ -28,7 +28,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jaxgemm import registry
+from jaxgemm import dispatch, registry
 from jaxgemm.registry import GemmProblem
 
 matmul_p = Primitive("jaxgemm_matmul")
@@ -67,16 +67,16 @@ def bind(a, b, *, trans_a=False, trans_b=False, out_dtype, acc_dtype,
                        config=config)
 
 
-def resolve_kernel(problem: GemmProblem, params):
-  """(backend, variant, config) for `problem`: the params', or the backend's defaults.
+def resolve_kernel(problem: GemmProblem, params, platform: str | None = None):
+  """(backend, variant, config) for `problem`: the params', or chosen per problem.
 
-  variant=None and config=None are resolved here, per problem, so that each
-  GEMM of a gradient gets the variant and tiles that suit its own shape.
+  variant=None and config=None (and backend="auto") are resolved here, by
+  `jaxgemm.dispatch.choose`, so that each GEMM of a gradient gets the kernel
+  and tiles that suit its own shape.
   """
-  backend = registry.get_backend(params["backend"])
-  variant = params["variant"] or backend.default_variant(problem)
-  config = params["config"] or backend.default_config(problem, variant)
-  return backend, variant, config
+  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
+                           platform=platform)
+  return registry.get_backend(choice.backend), choice.variant, choice.config
 
 
 def _abstract_eval(a, b, **params):
@@ -91,7 +91,7 @@ def _lowering(ctx, a, b, *, platform, **params):
     # No kernel for an empty product: K=0 sums nothing, so the answer is zeros.
     impl = lambda a, b: jnp.zeros(problem.out_shape, problem.out_dtype)
   else:
-    backend, variant, config = resolve_kernel(problem, params)
+    backend, variant, config = resolve_kernel(problem, params, platform)
     impl = backend.impl(problem, variant, config, platform)
   return mlir.lower_fun(impl, multiple_results=False)(ctx, a, b)
 

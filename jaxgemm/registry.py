@@ -116,6 +116,15 @@ class Backend(abc.ABC):
       return variant
     return self.variants[-1]  # its check raises the reason to the caller
 
+  def tuning_candidates(self, problem: GemmProblem) -> list[tuple[str, KernelConfig]]:
+    """(variant, config) pairs `jaxgemm.autotune` times on `problem`, most promising first.
+
+    By default the heuristic choice alone; backends list the rungs and tiles
+    worth a measurement (the autotuner skips those whose `check` refuses).
+    """
+    variant = self.default_variant(problem)
+    return [(variant, self.default_config(problem, variant))]
+
   @abc.abstractmethod
   def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
     """Raises if `variant` with `config` cannot run `problem`, before compiling.

@@ -39,6 +39,11 @@ TEST_TIMEOUT_S = float(os.environ.get("JAXGEMM_TEST_TIMEOUT", 600))
 # while all 24 heavy tests of the 6 Triton rungs took 26 s together.
 SLOW_INTERPRETERS = {"pallas"}
 
+# A user's tuning cache must not change which kernels the tests run: off,
+# unless a test points JAXGEMM_AUTOTUNE_CACHE at its own file. (The tables
+# shipped for a device kind still apply: they are part of the package.)
+os.environ["JAXGEMM_AUTOTUNE_CACHE"] = "off"
+
 SESSION_SEED = int(os.environ.get("JAXGEMM_TEST_SEED", random.SystemRandom().randrange(2**31)))
 
 

@@ -197,6 +197,17 @@ class PallasBackend(registry.Backend):
       config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
     return config
 
+  def tuning_candidates(self, problem: GemmProblem) -> list[tuple[str, PallasConfig]]:
+    """The top three rungs at their defaults, and clusters walking tiles M-minor.
+
+    Which walk keeps more of A and B in L2 depends on the shape (the snake
+    runs along N by default); the autotuner measures both.
+    """
+    out = [(v, self.default_config(problem, v))
+           for v in ("clusters", "warp_specialized", "pipelined")]
+    out.append(("clusters", dataclasses.replace(out[0][1], grid_minor_m=True)))
+    return out
+
   def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):
     if platform not in ("cuda", "cpu"):
       raise NotImplementedError(f"backend='pallas' runs on cuda (or the cpu "

@@ -86,6 +86,15 @@ def _misaligned_rows(problem: GemmProblem) -> str | None:
   return None
 
 
+def _clamped(problem: GemmProblem, variant: str, tiles: dict) -> dict:
+  """`tiles` with no block larger than the next power of two over the problem."""
+  min_mn = 16 if _RUNGS[variant].cuda_cores else 64 if problem.m >= 64 else 16
+  return {**tiles,
+          "block_m": _pow2_at_least(problem.m, min_mn, tiles["block_m"]),
+          "block_n": _pow2_at_least(problem.n, 16, tiles["block_n"]),
+          "block_k": _pow2_at_least(problem.k, 16, tiles["block_k"])}
+
+
 class TritonBackend(registry.Backend):
   name = "triton"
   config_cls = TritonConfig
@@ -144,18 +153,35 @@ class TritonBackend(registry.Backend):
       tiles = (dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=3, group_m=8)
                if wide else
                dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8))
-    # Clamp to the problem: no tile larger than the next power of two over it.
-    min_mn = 16 if _RUNGS[variant].cuda_cores else 64 if problem.m >= 64 else 16
-    tiles["block_m"] = _pow2_at_least(problem.m, min_mn, tiles["block_m"])
-    tiles["block_n"] = _pow2_at_least(problem.n, 16, tiles["block_n"])
-    tiles["block_k"] = _pow2_at_least(problem.k, 16, tiles["block_k"])
-    return tiles
+    return _clamped(problem, variant, tiles)
 
   def default_config(self, problem: GemmProblem, variant: str) -> TritonConfig:
     tiles = self._tile_defaults(problem, variant)
     if variant == "splitk":
       tiles["split_k"] = self._split_k_for(problem)
     return TritonConfig(**tiles)
+
+  def tuning_candidates(self, problem: GemmProblem) -> list[tuple[str, TritonConfig]]:
+    """The tensor-core rungs at their defaults and one smaller tile each, and split-K
+    where it applies (exact fp32: the pipelined rung's tiles).
+
+    The smaller 128x128x64 tile trades per-tile efficiency for more tiles on
+    the 132 SMs, which helps mid-sized problems (one tile wave at 128x256).
+    """
+    if problem.fp32_precision == "ieee":
+      base = self.default_config(problem, "pipelined")
+      other = _clamped(problem, "pipelined", dict(block_m=128, block_n=64, block_k=32))
+      return [("pipelined", base), ("pipelined", dataclasses.replace(base, **other))]
+    out = []
+    small = dict(block_m=128, block_n=128, block_k=64 if not problem.fp32_precision else 32,
+                 num_stages=4, epilogue_subtile=1)
+    for variant in ("persistent", "tensorcore"):
+      base = self.default_config(problem, variant)
+      out += [(variant, base),
+              (variant, dataclasses.replace(base, **_clamped(problem, variant, small)))]
+    if self._split_k_for(problem) > 1:
+      out.append(("splitk", self.default_config(problem, "splitk")))
+    return out
 
   def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
     rung = _RUNGS[variant]

@@ -1,0 +1,350 @@
+"""`jaxgemm.autotune`: time candidate kernels on the GEMMs a function runs; keep the winners.
+
+    >>> import jax, jax.numpy as jnp, jaxgemm
+    >>> w = jnp.ones((64, 64), jnp.bfloat16)
+    >>> loss = lambda w, x: jaxgemm.matmul(x, w).astype(jnp.float32).sum()
+    >>> x = jnp.ones((32, 64), jnp.bfloat16)
+    >>> [p.describe() for p in jaxgemm.problems_in(jax.grad(loss), w, x)]
+    ['1x(32x64 @ 64x64) NN bfloat16->bfloat16', '1x(64x32 @ 32x64) TN bfloat16->bfloat16']
+
+`autotune(fn, *args)` traces `fn` (nothing runs), finds every `matmul_p` in it
+and, with ``backward=True``, the GEMMs its gradient would run; then for each
+problem it times XLA's dot (the `xla` backend, what ``backend="auto"`` falls
+back to) and each backend's candidate configs
+(`Backend.tuning_candidates`), checks each result against XLA's before timing
+it, and stores the fastest config of every (backend, variant) with both times
+in the cache (`jaxgemm.tuning_cache`). From then on `backend="auto"` and the
+named backends' defaults use them (`jaxgemm.dispatch`).
+
+Nothing tunes at import or during tracing: only this function does, within
+`time_budget_s`, printing a line per problem. Problems the cache already
+holds for the installed kernels are skipped unless ``retune=True``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jex_core
+
+from jaxgemm import dispatch, registry, tuning_cache
+from jaxgemm.config import KernelConfig
+from jaxgemm.primitive import bind, matmul_p, problem_of
+from jaxgemm.registry import GemmProblem
+from jaxgemm.timing import Timer, summarize
+
+# Relative Frobenius error ||C - C_xla|| / ||C_xla|| a candidate may have and
+# still be stored. Both results are rounded to the output dtype (bf16 keeps 8
+# bits: ~2e-3 relative per element), so an honest kernel differs from XLA by
+# accumulation order and rounding, well below these; dropping one of K's
+# contraction columns costs about 1/sqrt(K), above them for K up to ~10^4.
+TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3, "tf32": 5e-3, "tf32x3": 1e-4,
+             "ieee": 1e-4, "float64": 1e-10}
+
+
+def tolerance(problem: GemmProblem) -> float:
+  return TOLERANCE[problem.fp32_precision or np.dtype(problem.dtype).name]
+
+
+# ---------------------------------------------------------------- finding GEMMs
+
+def _walk(jaxpr) -> Iterable:
+  for eqn in jaxpr.eqns:
+    yield eqn
+  for sub in jex_core.subjaxprs(jaxpr):
+    yield from _walk(sub)
+
+
+def _gemms(jaxpr) -> list[tuple[GemmProblem, dict]]:
+  return [(problem_of(e.invars[0].aval, e.invars[1].aval, **e.params), e.params)
+          for e in _walk(jaxpr) if e.primitive is matmul_p]
+
+
+def _backward_of(problem: GemmProblem, params: dict) -> list[tuple[GemmProblem, dict]]:
+  """The GEMMs matmul_p's own transpose rules run for this problem's gradient."""
+  a = jax.ShapeDtypeStruct(problem.a_shape, problem.dtype)
+  b = jax.ShapeDtypeStruct(problem.b_shape, problem.dtype)
+  ct = jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype)
+  fwd = lambda a, b: matmul_p.bind(a, b, **params)
+  return _gemms(jax.make_jaxpr(lambda a, b, ct: jax.vjp(fwd, a, b)[1](ct))(a, b, ct).jaxpr)
+
+
+def problems_in(fn: Callable, *args, backward: bool = True, **kwargs) -> list[GemmProblem]:
+  """Every distinct GEMM problem `fn(*args, **kwargs)` runs through jaxgemm, in order.
+
+  Traces `fn` abstractly (nothing is computed). With `backward`, each
+  problem's two gradient GEMMs are added, whether or not `fn` differentiates.
+  """
+  found: dict[GemmProblem, None] = {}
+  for problem, params in _gemms(jax.make_jaxpr(fn)(*args, **kwargs).jaxpr):
+    found.setdefault(problem)
+    if backward and jnp.issubdtype(problem.dtype, jnp.floating):
+      for p, _ in _backward_of(problem, params):
+        found.setdefault(p)
+  return [p for p in found if not p.is_empty]
+
+
+# ---------------------------------------------------------------- the report
+
+@dataclasses.dataclass
+class Trial:
+  """One candidate timed (or rejected) on one problem."""
+
+  problem: GemmProblem
+  backend: str
+  variant: str
+  config: KernelConfig
+  status: str                 # "ok", "fail" (wrong result), "error", "unsupported"
+  time_ms: float | None = None
+  compile_s: float | None = None
+  error: float | None = None  # relative Frobenius error against XLA
+  note: str = ""
+
+
+@dataclasses.dataclass
+class TuningReport:
+  """What `autotune` did: every trial, the XLA times, and what auto now picks."""
+
+  device_kind: str
+  cache_path: Path | None
+  timer: str
+  trials: list[Trial] = dataclasses.field(default_factory=list)
+  xla_ms: dict[GemmProblem, float] = dataclasses.field(default_factory=dict)
+  tuned: list[GemmProblem] = dataclasses.field(default_factory=list)
+  already_tuned: list[GemmProblem] = dataclasses.field(default_factory=list)
+  out_of_time: list[GemmProblem] = dataclasses.field(default_factory=list)
+  elapsed_s: float = 0.0
+  compile_s: float = 0.0
+
+  def best(self, problem: GemmProblem) -> Trial | None:
+    ok = [t for t in self.trials if t.problem == problem and t.status == "ok"]
+    return min(ok, key=lambda t: t.time_ms) if ok else None
+
+  def summary(self) -> str:
+    lines = [f"autotune on {self.device_kind} ({self.timer}): {len(self.tuned)} problems tuned, "
+             f"{len(self.already_tuned)} already in the cache, {len(self.out_of_time)} left "
+             f"for lack of time; {len(self.trials)} trials in {self.elapsed_s:.1f} s "
+             f"({self.compile_s:.1f} s compiling); cache: {self.cache_path}"]
+    for p in self.tuned:
+      best, xla = self.best(p), self.xla_ms.get(p)
+      if best is None or xla is None:
+        lines.append(f"  {p.describe():<48} no kernel passed; XLA")
+        continue
+      lines.append(f"  {p.describe():<48} XLA {xla:.4f} ms, best {best.backend}/{best.variant} "
+                   f"{best.time_ms:.4f} ms ({xla / best.time_ms:.2f}x)")
+    bad = [t for t in self.trials if t.status in ("fail", "error")]
+    for t in bad:
+      lines.append(f"  {t.status.upper()}: {t.backend}/{t.variant} {t.config.to_json()} on "
+                   f"{t.problem.describe()}: {t.note}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- tuning
+
+def _platform() -> str:
+  p = jax.devices()[0].platform
+  return "gpu" if p in ("gpu", "cuda", "rocm") else p
+
+
+def _inputs(problem: GemmProblem, seed: int):
+  ka, kb = jax.random.split(jax.random.key(seed))
+  dtype = problem.dtype
+  a = jax.random.normal(ka, problem.a_shape, jnp.float32).astype(dtype)
+  b = jax.random.normal(kb, problem.b_shape, jnp.float32).astype(dtype)
+  return jax.block_until_ready((a, b))
+
+
+def _compiled(problem: GemmProblem, backend: str, variant, config, a, b):
+  fn = lambda a, b: bind(a, b, trans_a=problem.trans_a, trans_b=problem.trans_b,
+                         out_dtype=problem.out_dtype, acc_dtype=problem.acc_dtype,
+                         precision=problem.precision, backend=backend, variant=variant,
+                         config=config)
+  t0 = time.perf_counter()
+  compiled = jax.jit(fn).lower(a, b).compile()
+  return compiled, time.perf_counter() - t0
+
+
+@jax.jit
+def _rel_err(x, y):
+  x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+  return jnp.linalg.norm((x - y).ravel()) / jnp.linalg.norm(y.ravel())
+
+
+def _candidates(problem: GemmProblem, backends: Iterable[str]):
+  for name in backends:
+    b = registry.get_backend(name)
+    if b.unavailable_reason() is not None:
+      continue
+    seen = set()
+    for variant, config in b.tuning_candidates(problem):
+      if (variant, config) in seen:
+        continue
+      seen.add((variant, config))
+      try:
+        b.check(problem, variant, config)
+      except NotImplementedError as e:
+        yield name, variant, config, f"unsupported: {e}"
+        continue
+      except ValueError as e:
+        yield name, variant, config, f"invalid: {e}"
+        continue
+      yield name, variant, config, None
+
+
+def _is_tuned(problem, kind, path, backends) -> bool:
+  if not tuning_cache.has_record(problem, kind, "xla", "dot_general", path):
+    return False
+  pairs = {(n, v) for n, v, _, why in _candidates(problem, backends) if why is None}
+  return all(tuning_cache.has_record(problem, kind, n, v, path) for n, v in pairs)
+
+
+def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] | None = None,
+             backends: Iterable[str] | None = None, backward: bool = True,
+             time_budget_s: float = 600.0, iters: int | None = None,
+             cache_path: str | Path | None = "default", retune: bool = False, seed: int = 0,
+             log: Callable[[str], Any] | None = print, **kwargs) -> TuningReport:
+  """Tunes the GEMMs of `fn(*args, **kwargs)` (and/or `problems`); stores the winners.
+
+  Args:
+    fn, *args, **kwargs: a function and example arguments (arrays or
+      `jax.ShapeDtypeStruct`s); traced, not run, to find its `matmul_p`s.
+    problems: `GemmProblem`s to tune as well (or instead of `fn`).
+    backends: the kernel backends to try (default: every usable one but
+      `xla`, which is always timed as the reference).
+    backward: also tune the gradient GEMMs of each problem found.
+    time_budget_s: no new candidate starts after this many seconds; what is
+      left is listed in the report as out of time (run again to continue:
+      tuned problems are skipped).
+    iters: timed calls per candidate (default 20 on a GPU, 3 elsewhere);
+      the median counts.
+    cache_path: the cache file to update ("default": `$JAXGEMM_AUTOTUNE_CACHE`
+      or ~/.cache/jaxgemm/autotune.json).
+    retune: time problems the cache already holds again.
+    log: called with a progress line per problem (None: quiet).
+
+  Returns:
+    A `TuningReport` (`.summary()` prints it).
+
+  Example:
+    >>> import jax.numpy as jnp, jaxgemm
+    >>> x = jnp.ones((64, 32), jnp.bfloat16); w = jnp.ones((32, 64), jnp.bfloat16)
+    >>> report = jaxgemm.autotune(jaxgemm.matmul, x, w, backends=[], backward=False,
+    ...                           cache_path=None, log=None)
+    >>> len(report.tuned)
+    1
+  """
+  t_start = time.perf_counter()
+  path = tuning_cache.default_cache_path() if cache_path == "default" else (
+      Path(cache_path) if cache_path is not None else None)
+  found: dict[GemmProblem, None] = {}
+  if fn is not None:
+    found.update(dict.fromkeys(problems_in(fn, *args, backward=backward, **kwargs)))
+  for p in problems or ():
+    found.setdefault(p)
+  platform = _platform()
+  kind = dispatch.device_kind()
+  timer = Timer(platform)
+  iters = iters or (20 if platform == "gpu" else 3)
+  if backends is None:
+    backends = [b for b in registry.backends() if b != dispatch.FALLBACK]
+  backends = list(backends)
+  report = TuningReport(kind, path, timer.label)
+  say = log or (lambda _: None)
+  todo = list(found)
+  say(f"autotune: {len(todo)} GEMM problems on {kind}, backends {backends}, "
+      f"budget {time_budget_s:g} s, cache {path}")
+
+  for i, problem in enumerate(todo):
+    if problem.is_empty:
+      continue
+    if not retune and path is not None and _is_tuned(problem, kind, path, backends):
+      report.already_tuned.append(problem)
+      say(f"[{i + 1}/{len(todo)}] {problem.describe()}: already tuned")
+      continue
+    if time.perf_counter() - t_start > time_budget_s:
+      report.out_of_time.append(problem)
+      continue
+    t_problem = time.perf_counter()
+    a, b = _inputs(problem, seed + i)
+    compiled, c_s = _compiled(problem, dispatch.FALLBACK, None, None, a, b)
+    ref = jax.block_until_ready(compiled(a, b))
+    xla_ms = summarize(timer.time(compiled, (a, b), iters))["median_ms"]
+    report.xla_ms[problem] = xla_ms
+    report.compile_s += c_s
+    finished = True
+    for name, variant, config, why in _candidates(problem, backends):
+      if time.perf_counter() - t_start > time_budget_s:
+        finished = False
+        break
+      trial = Trial(problem, name, variant, config, "unsupported", note=why or "")
+      report.trials.append(trial)
+      if why is None:
+        _time_trial(trial, a, b, ref, timer, iters)
+        report.compile_s += trial.compile_s or 0.0
+    if not finished:
+      report.out_of_time.append(problem)
+      continue
+    _store(report, problem, path, kind, xla_ms, timer.label)
+    report.tuned.append(problem)
+    best = report.best(problem)
+    pick = (f"best {best.backend}/{best.variant} {best.time_ms:.4f} ms "
+            f"({xla_ms / best.time_ms:.2f}x)" if best else "no kernel passed")
+    say(f"[{i + 1}/{len(todo)}] {problem.describe()}: XLA {xla_ms:.4f} ms, {pick} "
+        f"({time.perf_counter() - t_problem:.1f} s)")
+    del a, b, ref
+  report.elapsed_s = time.perf_counter() - t_start
+  if report.out_of_time:
+    say(f"autotune: out of time ({time_budget_s:g} s) with {len(report.out_of_time)} problems "
+        f"left; run again to continue")
+  return report
+
+
+def _time_trial(trial: Trial, a, b, ref, timer: Timer, iters: int) -> None:
+  try:
+    compiled, trial.compile_s = _compiled(trial.problem, trial.backend, trial.variant,
+                                          trial.config, a, b)
+    out = jax.block_until_ready(compiled(a, b))
+    trial.error = float(_rel_err(out, ref))
+    del out
+    tol = tolerance(trial.problem)
+    if not trial.error <= tol:   # also catches nan
+      trial.status, trial.note = "fail", f"relative error {trial.error:.3g} > {tol:g}"
+      return
+    trial.time_ms = summarize(timer.time(compiled, (a, b), iters))["median_ms"]
+    trial.status = "ok"
+  except Exception as e:  # noqa: BLE001 (a candidate that cannot compile is skipped, said why)
+    trial.status, trial.note = "error", f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _store(report: TuningReport, problem: GemmProblem, path: Path | None, kind: str,
+           xla_ms: float, timer: str) -> None:
+  """The fastest config of each (backend, variant), and XLA's own record, into the cache."""
+  stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  shape = tuning_cache.shape_key(problem)
+
+  def record(backend, config_dict, ms):
+    return {"config": config_dict, "time_ms": ms, "xla_time_ms": xla_ms, "timer": timer,
+            "version": tuning_cache.kernel_version(backend), "tuned_at": stamp,
+            "jax": jax.__version__}
+
+  records = {tuning_cache.entry_key(kind, "xla", "dot_general", problem):
+             {shape: record("xla", {}, xla_ms)}}
+  best: dict[tuple[str, str], Trial] = {}
+  for t in report.trials:
+    if t.problem == problem and t.status == "ok":
+      key = (t.backend, t.variant)
+      if key not in best or t.time_ms < best[key].time_ms:
+        best[key] = t
+  for (backend, variant), t in best.items():
+    config = {k: v for k, v in t.config.to_dict().items() if k != "backend"}
+    records[tuning_cache.entry_key(kind, backend, variant, problem)] = {
+        shape: record(backend, config, t.time_ms)}
+  if path is not None:
+    tuning_cache.store(path, records)
