@@ -1,7 +1,8 @@
-"""jaxgemm's benchmark: every registered kernel against XLA's dot.
+"""jaxgemm's benchmark: every registered kernel, and jaxgemm's default, against XLA's dot.
 
     python -m bench                      # the default suites (GPU), or a tiny CPU run
     python -m bench --suite llm,skinny --dtype fp16
+    python -m bench --backends auto      # only jaxgemm's default (backend="auto") vs XLA
     python -m bench --list               # suites, problems, backends, variants
     python -m bench report bench/results/<run>/results.csv   # rebuild report + plots
     python -m bench report a/results.csv b/results.csv --out bench/results/<run>  # merge
@@ -28,8 +29,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(
       prog="python -m bench",
-      description="Run every registered jaxgemm backend and variant against XLA's dot "
-                  "on named problem suites; write a CSV, a Markdown report and plots. "
+      description="Run every registered jaxgemm backend and variant, and jaxgemm's default "
+                  "(backend='auto'), against XLA's dot on named problem suites; write a CSV, "
+                  "a Markdown report and plots. "
                   "`python -m bench report CSV [--out DIR]` regenerates the report from a CSV.",
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog="suites:\n" + "\n".join(f"  {k:<10} {v}" for k, v in P.SUITE_HELP.items()))
@@ -39,7 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                   help="operand dtype: bf16 (default), fp16, fp32 (default precision: "
                        "TF32 on GPU), fp32-highest (precision=HIGHEST)")
   ap.add_argument("--backends", default=None,
-                  help="comma-separated backends (default: every registered one)")
+                  help="comma-separated backends; 'auto' is jaxgemm's default, "
+                       "jaxgemm.matmul(a, b) with no backend, variant or config (default: "
+                       "auto and every registered backend)")
   ap.add_argument("--variants", default="ladder",
                   help="'ladder' (default: every variant on the ladder problems, each "
                        "backend's best elsewhere), 'best', 'all', or comma-separated names")
@@ -141,9 +145,13 @@ def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
 
 def _list(args, on_gpu, platform):
   import jaxgemm  # noqa: PLC0415
+
+  from .runner import AUTO, AUTO_VARIANT  # noqa: PLC0415
   print(f"platform: {platform}" + ("" if on_gpu else "  (no GPU: the default is the tiny "
                                                      "CPU suite + a small training run)"))
   print("backends and variants (ladder order, best last):")
+  print(f"  {AUTO}: {AUTO_VARIANT}  (jaxgemm's default, jaxgemm.matmul(a, b): per problem the "
+        "tuned kernel of the autotune cache or shipped table, else XLA's dot)")
   for b in jaxgemm.backends():
     print(f"  {b}: {', '.join(jaxgemm.variants(b))}")
   print(f"dtypes: {', '.join(P.DTYPES)}")
@@ -201,9 +209,10 @@ def main(argv=None) -> int:
 
   import jaxgemm  # noqa: PLC0415
 
+  from jaxgemm.timing import Timer  # noqa: PLC0415
+
   from . import report as R  # noqa: PLC0415
   from . import runner  # noqa: PLC0415
-  from .timing import Timer  # noqa: PLC0415
   from .training import run_training  # noqa: PLC0415
 
   if args.iters is None:
@@ -217,15 +226,16 @@ def main(argv=None) -> int:
   registered = list(jaxgemm.backends())
   if args.backends:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = [b for b in backends if b not in registered]
+    unknown = [b for b in backends if b not in (runner.AUTO, *registered)]
     if unknown:
-      raise SystemExit(f"unknown or unusable backend(s) {unknown}; registered here: {registered}")
+      raise SystemExit(f"unknown or unusable backend(s) {unknown}; valid here: "
+                       f"{[runner.AUTO, *registered]}")
   else:
-    backends = registered
+    backends = [runner.AUTO, *registered]
   variants = args.variants
   if variants not in ("ladder", "best", "all"):
     variants = [v.strip() for v in variants.split(",") if v.strip()]
-    known = {v for b in backends for v in jaxgemm.variants(b)}
+    known = {v for b in backends if b != runner.AUTO for v in jaxgemm.variants(b)}
     unknown = [v for v in variants if v not in known]
     if unknown:
       raise SystemExit(f"unknown variant(s) {unknown}; variants of {backends}: {sorted(known)}")
@@ -256,7 +266,9 @@ def main(argv=None) -> int:
   print(f"jaxgemm benchmark: {device} ({platform}), dtype {args.dtype}, timer {timer.label}")
   print(f"jax {prov['jax']}, jaxlib {prov['jaxlib']}, triton {prov['triton']}, "
         f"commit {prov['git_commit'][:10]}{' (dirty)' if prov['git_dirty'] else ''}")
-  print(f"backends: {', '.join(f'{b} [{len(jaxgemm.variants(b))} variants]' for b in backends)}; "
+  labels = [f"{b} [{runner.AUTO_VARIANT}]" if b == runner.AUTO
+            else f"{b} [{len(jaxgemm.variants(b))} variants]" for b in backends]
+  print(f"backends: {', '.join(labels)}; "
         f"variants: {variants if isinstance(variants, str) else ','.join(variants)}; "
         f"iters {args.iters}")
   print(f"suites: {', '.join(s + ('' if p is None else f' ({len(p)})') for s, p in suites)}")
@@ -318,6 +330,9 @@ def main(argv=None) -> int:
   print(f"done in {elapsed:.1f} s; kernel rows: "
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
   print("\n".join(R.headline_table(run)))
+  summary = R.defaults_summary(run)
+  if summary:
+    print("\njaxgemm's default (backend='auto') vs XLA:\n" + "\n".join(summary))
   tt = R.training_table(run)
   if tt:
     print("\n".join(tt[2:]))

@@ -24,6 +24,15 @@ from collections import defaultdict
 from pathlib import Path
 
 REF = "xla_dot"
+# jaxgemm's default, jaxgemm.matmul(a, b) (runner.AUTO / AUTO_VARIANT): a row of its
+# own on every problem, kept apart from the backends it picks from.
+AUTO, AUTO_VARIANT = "auto", "default"
+# Issue 6's target for the default: geomean over these suites at least
+# DEFAULT_TARGET x XLA, no problem below DEFAULT_FLOOR x, and a training step no
+# slower than XLA's.
+TARGET_SUITES = ("square", "llm")
+DEFAULT_TARGET = 1.00
+DEFAULT_FLOOR = 0.97
 
 PROVENANCE = ["date", "platform", "device", "device_count", "driver", "platform_version",
               "jax", "jaxlib", "triton", "jax_triton", "numpy", "python", "git_commit",
@@ -41,7 +50,7 @@ COLUMNS = [
     "tokens_per_step", "tokens_per_s", "step_wall_ms", "steps", "step", "loss", "loss_first",
     "loss_last",
     "loss_max_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
-    "config", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
+    "config", "chosen", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
     *PROVENANCE,
 ]
 
@@ -231,7 +240,7 @@ class Run:
     self.backend_variants: dict[str, list[str]] = {}
     rank = {}
     for r in rows:
-      if r["backend"] in (REF, "") or r["kind"] != "gemm":
+      if r["backend"] in (REF, AUTO, "") or r["kind"] != "gemm":
         continue
       vs = self.backend_variants.setdefault(r["backend"], [])
       if r["variant"] not in vs:
@@ -243,6 +252,9 @@ class Run:
     for r in self.gemm:
       if r["suite"] not in self.suites:
         self.suites.append(r["suite"])
+    # Runs from before the default was measured have no auto rows: their
+    # reports keep the tables they had.
+    self.has_auto = any(r["backend"] == AUTO for r in self.gemm)
 
   @property
   def own_backends(self) -> list[str]:
@@ -257,6 +269,11 @@ class Run:
   def kernel_rows(self, suite: str, problem: str) -> list[dict]:
     return [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
             and r["backend"] != REF]
+
+  def auto(self, suite: str, problem: str) -> dict | None:
+    """The default's (backend='auto') row of the problem, if it ran."""
+    rr = [r for r in self.kernel_rows(suite, problem) if r["backend"] == AUTO]
+    return rr[0] if rr else None
 
   def best(self, suite: str, problem: str, backends) -> dict | None:
     """The fastest correct kernel row of `backends` on the problem."""
@@ -299,7 +316,7 @@ def _table(header, rows) -> list[str]:
 
 
 def headline_table(run: Run) -> list[str]:
-  """Best jaxgemm kernel (own backends) against XLA, per suite."""
+  """Best jaxgemm kernel (own backends) and jaxgemm's default against XLA, per suite."""
   own = run.own_backends
   rows = []
   for suite in run.suites:
@@ -323,11 +340,131 @@ def headline_table(run: Run) -> list[str]:
         worst_s, worst_txt = s, label
     xla = [num(p["tflops"]) for p in probs if p["status"] == "ok"]
     g = _geomean(speedups)
-    rows.append([suite, len(probs), _fmt_t(_geomean(xla)), _fmt_x(g), f"{wins}/{len(speedups)}", losses, bad,
-                 best_txt or "-", worst_txt or "-"])
+    row = [suite, len(probs), _fmt_t(_geomean(xla)), _fmt_x(g), f"{wins}/{len(speedups)}",
+           losses, bad, best_txt or "-", worst_txt or "-"]
+    if run.has_auto:
+      d = _auto_stats(run, [suite])
+      row += [_fmt_x(d["geomean"]), f"{_fmt_x(d['min'])} ({d['min_problem']})" if d["n"] else "-",
+              f"{d['below']}/{d['n']}" if d["n"] else "-"]
+    rows.append(row)
   header = ["suite", "problems", "XLA TFLOP/s (geomean)", "best jaxgemm vs XLA (geomean)",
             "jaxgemm faster", "slower", "failed/errored kernel runs", "best", "worst"]
+  if run.has_auto:
+    header += ["default (auto) vs XLA (geomean)", "default min",
+               f"default below {DEFAULT_FLOOR:.2f}x"]
   return _table(header, rows)
+
+
+def _auto_stats(run: Run, suites) -> dict:
+  """The default's (backend='auto') speedups over XLA on the problems of `suites`."""
+  speedups, below, bad, lo, lo_problem = [], 0, 0, None, ""
+  for suite in suites:
+    for p in run.problems(suite):
+      a = run.auto(suite, p["problem"])
+      if a is None:
+        continue
+      bad += a["status"] in ("fail", "error")
+      s = num(a["speedup_vs_xla"]) if a["status"] == "ok" else None
+      if not s:
+        continue
+      speedups.append(s)
+      below += s < DEFAULT_FLOOR
+      if lo is None or s < lo:
+        lo, lo_problem = s, p["problem"]
+  return {"geomean": _geomean(speedups), "min": lo, "min_problem": lo_problem,
+          "below": below, "n": len(speedups), "bad": bad}
+
+
+def _base_suite(suite: str) -> str:
+  """'square' of 'square (fp32)' (a merged run's label for its other dtypes)."""
+  return suite.split(" (", 1)[0]
+
+
+def _default_suites(run: Run) -> tuple[list[str], bool]:
+  """(suites the defaults section covers, whether they are the target's).
+
+  The target's suites (square, llm) where the run has them, else every suite
+  the default ran on (a CPU run's tiny suite), so that a run always shows them.
+  """
+  target = [s for s in run.suites if _base_suite(s) in TARGET_SUITES]
+  if target:
+    return target, True
+  return [s for s in run.suites if any(r["backend"] == AUTO for r in run.gemm
+                                       if r["suite"] == s)], False
+
+
+def _met(ok: bool) -> str:
+  return "target met" if ok else "target NOT met"
+
+
+def defaults_summary(run: Run) -> list[str]:
+  """jaxgemm's default (backend='auto') against XLA: the GEMM and training numbers."""
+  steps = [r for r in run.rows if r["kind"] == "train_step" and r["backend"] == AUTO]
+  if not steps and not run.has_auto:
+    return []
+  suites, is_target = _default_suites(run)
+  out = []
+  by_dtype = defaultdict(list)   # merged runs: one line per dtype, never a mixed geomean
+  for s in suites:
+    by_dtype[run.problems(s)[0]["dtype"] if run.problems(s) else ""].append(s)
+  for dtype, group in by_dtype.items():
+    d = _auto_stats(run, group)
+    label = f"{' + '.join(_base_suite(s) for s in group)} ({dtype})"
+    if not d["n"]:
+      out.append(f"- {label}: no measured backend='auto' rows.")
+      continue
+    text = (f"- {label}: geomean {_fmt_x(d['geomean'])} over {d['n']} problems, min "
+            f"{_fmt_x(d['min'])} ({d['min_problem']}), {d['below']} below "
+            f"{DEFAULT_FLOOR:.2f}x")
+    if d["bad"]:
+      text += f", {d['bad']} failed/errored"
+    if is_target:
+      text += ": " + _met(d["geomean"] >= DEFAULT_TARGET and d["min"] >= DEFAULT_FLOOR
+                          and not d["bad"])
+    out.append(text + ".")
+  for r in steps:
+    s = num(r.get("speedup_vs_xla"))
+    if r["status"] != "ok" or not s:
+      bad = r["status"] in ("fail", "error")   # a skipped step is unmeasured, not a miss
+      out.append(f"- training step ({r['problem']}): {r['status']}"
+                 + (f" ({r['note']})" if r.get("note") else "")
+                 + (f": {_met(False)}." if bad else "."))
+      continue
+    out.append(f"- training step ({r['problem']}): {num(r['time_ms_median']):.3f} ms against "
+               f"XLA's {num(r['xla_time_ms']):.3f} ms ({_fmt_x(s)}): {_met(s >= 1.0)}.")
+  return out
+
+
+def defaults_section(run: Run) -> list[str]:
+  """The '## Defaults' section: summary, then the default on each problem."""
+  summary = defaults_summary(run)
+  if not summary:
+    return ["No backend='auto' rows in this run (run with `--backends auto,...`)."]
+  suites, is_target = _default_suites(run)
+  out = ["`jaxgemm.matmul(a, b)` / `jaxgemm.dot_general(...)` as a user calls them, with no "
+         "backend, variant or config: on each problem the kernel `jaxgemm.dispatch` picks "
+         "(`chose`: a tuned kernel from the autotune cache or the shipped table, or XLA's dot "
+         f"as the fallback). Target: geomean >= {DEFAULT_TARGET:.2f}x over the "
+         f"{' and '.join(TARGET_SUITES)} suites, no problem below {DEFAULT_FLOOR:.2f}x, and a "
+         "training step no slower than XLA's.", "", *summary, ""]
+  if not is_target:
+    out += [f"This run has no {' or '.join(TARGET_SUITES)} problems; the table shows every "
+            "problem the default ran on.", ""]
+  rows = []
+  for suite in suites:
+    for p in run.problems(suite):
+      a = run.auto(suite, p["problem"])
+      if a is None:
+        continue
+      cell = _cell_t(a)
+      if a["status"] == "ok" and (num(a["speedup_vs_xla"]) or 0) < DEFAULT_FLOOR:
+        cell = f"**{cell}**"
+      rows.append([suite, p["problem"], _shape(p), p["layout"], _cell_t(p, False), cell,
+                   a.get("chosen") or "-"])
+  if rows:
+    out += _table(["suite", "problem", "MxKxN", "layout", "XLA TFLOP/s",
+                   f"default TFLOP/s (vs XLA; bold below {DEFAULT_FLOOR:.2f}x)", "chose"], rows)
+  return out
 
 
 def backend_suite_table(run: Run) -> list[str]:
@@ -368,14 +505,21 @@ def ladder_tables(run: Run) -> list[str]:
   return out
 
 
+def _shape(p: dict) -> str:
+  return f"{p['m']}x{p['k']}x{p['n']}" + (f" b{p['batch']}" if p["batch"] not in ("", "1") else "")
+
+
 def suite_table(run: Run, suite: str) -> list[str]:
   bs = list(run.backend_variants)
   bw = run.copy_bw()
   rows = []
   for p in run.problems(suite):
     xla = _cell_t(p, False) if p["status"] == "ok" else p["status"]
-    row = [p["problem"], f"{p['m']}x{p['k']}x{p['n']}" + (f" b{p['batch']}" if p["batch"] not in ("", "1") else ""),
-           p["layout"], xla, f"{num(p['pct_peak']):.0f}%" if num(p["pct_peak"]) else "-"]
+    row = [p["problem"], _shape(p), p["layout"], xla,
+           f"{num(p['pct_peak']):.0f}%" if num(p["pct_peak"]) else "-"]
+    if run.has_auto:
+      a = run.auto(suite, p["problem"])
+      row.append("-" if a is None else f"{_cell_t(a)} {a.get('chosen') or ''}".strip())
     for b in bs:
       best = run.best(suite, p["problem"], [b])
       if best is None:
@@ -393,6 +537,7 @@ def suite_table(run: Run, suite: str) -> list[str]:
       row.append("")
     rows.append(row)
   header = ["problem", "MxKxN", "layout", "XLA TFLOP/s", "XLA % peak",
+            *(["default (auto) (vs XLA), chose"] if run.has_auto else []),
             *[f"{b} best (vs XLA) variant" for b in bs], "memory bound: GB/s"]
   return _table(header, rows)
 
@@ -521,7 +666,7 @@ def plot_ladder(run: Run, path: Path) -> bool:
 
 def plot_ratio(run: Run, path: Path, suite: str = "llm") -> bool:
   refs = run.problems(suite)
-  if not refs or not run.backend_variants:
+  if not refs or not (run.backend_variants or run.has_auto):
     return False
   plt = _plt()
   fig, ax = plt.subplots(figsize=(max(8, 0.28 * len(refs) + 3), 4.5))
@@ -531,11 +676,16 @@ def plot_ratio(run: Run, path: Path, suite: str = "llm") -> bool:
       best = run.best(suite, r["problem"], [b])
       ys.append(num(best["speedup_vs_xla"]) if best else float("nan"))
     ax.plot(range(len(refs)), ys, "o-", label=f"{b} (best variant)", markersize=4)
+  ys = [num(a["speedup_vs_xla"]) if (a := run.auto(suite, r["problem"])) and a["status"] == "ok"
+        else float("nan") for r in refs]
+  if any(math.isfinite(y) for y in ys):
+    ax.plot(range(len(refs)), ys, "s-", color="black", label="default (backend='auto')",
+            markersize=4)
   ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
   ax.set_xticks(range(len(refs)))
   ax.set_xticklabels([r["problem"] for r in refs], rotation=75, fontsize=6, ha="right")
   ax.set_ylabel("speedup vs XLA dot (>1: faster)")
-  ax.set_title(f"{suite} suite: each backend's best variant against XLA's dot")
+  ax.set_title(f"{suite} suite: each backend's best variant, and the default, against XLA's dot")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   _save(fig, run, path)
@@ -675,12 +825,13 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
   lines += _table(["field", "value"], [[k, _values(run, k)] for k in
                                        (*PROVENANCE, "dtype", "precision", "run_id")])
   lines += ["", "## Method", "", *_method(run), ""]
-  lines += ["## Headline: best jaxgemm kernel vs XLA, per suite", ""]
+  lines += ["## Headline: best jaxgemm kernel, and jaxgemm's default, vs XLA, per suite", ""]
   if run.own_backends == ["xla"]:
     lines += ["Only the `xla` backend is registered: the 'best jaxgemm' column is XLA through "
               "jaxgemm's primitive (a sanity check, expected near 1.00x).", ""]
   lines += [*headline_table(run), "", "Per backend (its best variant per problem), geomean "
             "speedup vs XLA (number of problems):", "", *backend_suite_table(run), ""]
+  lines += ["## Defaults (backend='auto') vs XLA", "", *defaults_section(run), ""]
   lines += ["## Kernel ladders", "", *ladder_tables(run), ""]
   for suite in run.suites:
     lines += [f"## Suite `{suite}`", "", *suite_table(run, suite), ""]
@@ -697,7 +848,7 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
 
 
 def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
-  """The block the README shows: headline, ladders, training, plots (from the CSV)."""
+  """The block the README shows: headline, defaults, ladders, training, plots (from the CSV)."""
   f = run.first
   lines = ["<!-- generated by `python -m bench report`; do not edit by hand -->", ""]
   if not run.on_gpu:
@@ -706,7 +857,11 @@ def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
   lines += [f"{f.get('device', '?')}, jax {f.get('jax', '?')}, triton {f.get('triton', '?')}, "
             f"{dtypes}, timer {f.get('timer', '?')}, commit "
             f"`{f.get('git_commit', '?')[:10]}`, {f.get('date', '?')}.", ""]
-  lines += [*headline_table(run), "", *ladder_tables(run)]
+  lines += [*headline_table(run), ""]
+  summary = defaults_summary(run)
+  if summary:
+    lines += ["#### Defaults (backend='auto') vs XLA", "", *summary, ""]
+  lines += ladder_tables(run)
   tt = training_table(run)
   if tt:
     lines += ["#### Training step", "", *tt, ""]

@@ -8,7 +8,9 @@ For each problem, in one process:
 2. XLA's dot (``lax.dot_general``, exactly what ``jnp.matmul`` runs) is
    compiled, run and timed: the reference, backend ``xla_dot``;
 3. every chosen (backend, variant) runs through ``jaxgemm.matmul`` (or
-   ``jaxgemm.dot_general`` for transposed layouts): compiled (compile time
+   ``jaxgemm.dot_general`` for transposed layouts), and so does jaxgemm's
+   default (pseudo-backend ``auto``, variant ``default``: no backend, variant
+   or config named, as a user calls it): compiled (compile time
    recorded), run once (first-run time, which holds any autotuning, recorded),
    its output checked against XLA's (relative Frobenius error against a
    per-dtype tolerance) and only then timed. A wrong result is a ``fail``
@@ -35,13 +37,18 @@ import numpy as np
 from jax import lax
 
 import jaxgemm
-from jaxgemm import registry
+from jaxgemm import dispatch, registry
+from jaxgemm.timing import Timer, summarize
 
 from . import problems as P
-from .timing import Timer, summarize
 
 REF = "xla_dot"           # XLA's own dot, the baseline every kernel is compared with
 REF_VARIANT = "lax.dot_general"
+# jaxgemm's default, `jaxgemm.matmul(a, b)`: not a backend of its own but the
+# per-problem choice of `jaxgemm.dispatch` (a tuned kernel, or XLA's dot), so
+# it is measured as a row of its own next to the backends it picks from.
+AUTO = dispatch.AUTO
+AUTO_VARIANT = "default"
 
 # Relative Frobenius error ||C - C_xla|| / ||C_xla|| a kernel may have. Both
 # results are rounded to the output dtype; an honest kernel differs from XLA by
@@ -110,8 +117,13 @@ def ref_fn(bp: P.BenchProblem, dtype_name: str) -> Callable:
 
 
 def kernel_fn(bp: P.BenchProblem, dtype_name: str, backend: str, variant: str) -> Callable:
-  """jaxgemm's kernel (backend, variant) for the problem, through the public API."""
+  """jaxgemm's kernel (backend, variant) for the problem, through the public API.
+
+  (AUTO, AUTO_VARIANT) calls it as a user does by default: backend="auto", variant=None.
+  """
   prec = precision_of(dtype_name)
+  if backend == AUTO:
+    variant = None
   if not bp.trans_a and not bp.trans_b:
     def gemm(a, b):
       return jaxgemm.matmul(a, b, precision=prec, backend=backend, variant=variant)
@@ -134,24 +146,32 @@ def gemm_problem(bp: P.BenchProblem, dtype_name: str) -> registry.GemmProblem:
                               precision=None if prec is None else (prec, prec))
 
 
-def default_variant(backend: str, bp: P.BenchProblem | None, dtype_name: str) -> str:
-  """The variant the backend picks for the problem when none is named (its best)."""
-  b = registry.get_backend(backend)
-  if bp is not None:
-    try:
-      return b.default_variant(gemm_problem(bp, dtype_name))
-    except Exception:  # noqa: BLE001 (fall back to the ladder's top)
-      pass
-  return b.variants[-1]
+def choice(bp: P.BenchProblem, dtype_name: str, backend: str,
+           variant: str | None = None) -> dispatch.Choice | None:
+  """The kernel jaxgemm runs for (backend, variant) on the problem, as its lowering picks
+  it (tuned record, else heuristic); None if it cannot run the problem.
 
-
-def kernel_config(bp: P.BenchProblem, dtype_name: str, backend: str, variant: str) -> str:
-  """The config the backend picks for this problem (JSON), or '' if unknown."""
+  variant None (and AUTO_VARIANT for AUTO) leaves the variant to jaxgemm, as a
+  caller naming none does. The choice is information for the row: a kernel
+  that cannot run says why when it is run.
+  """
   try:
-    b = registry.get_backend(backend)
-    return b.default_config(gemm_problem(bp, dtype_name), variant).to_json()
-  except Exception:  # noqa: BLE001 (the config is information, not a requirement)
-    return ""
+    return dispatch.choose(gemm_problem(bp, dtype_name), backend,
+                           None if backend == AUTO else variant)
+  except Exception:  # noqa: BLE001
+    return None
+
+
+def default_variant(backend: str, bp: P.BenchProblem | None, dtype_name: str) -> str:
+  """The variant the backend picks for the problem when none is named, else its ladder's
+  top (whose check then says why it cannot run the problem)."""
+  picked = choice(bp, dtype_name, backend) if bp is not None else None
+  return picked.variant if picked else registry.get_backend(backend).variants[-1]
+
+
+def describe_choice(c: dispatch.Choice) -> str:
+  """'triton/persistent (table)': which kernel, and where the choice came from."""
+  return f"{c.backend}/{c.variant} ({c.source})"
 
 
 def _rank(backend: str, variant: str):
@@ -318,13 +338,17 @@ def choose_kernels(bp: P.BenchProblem, backends: list[str], variants_policy,
 
   variants_policy: "ladder" (every variant on ladder problems, each backend's
   best -- the variant it picks for the problem when none is named --
-  elsewhere), "best", "all", or a list of variant names. `slow` holds
-  (backend, variant) pairs too slow to run here (interpreted, on a CPU): the
-  best is then replaced by the highest rung below it that is not slow, and
-  the note says so.
+  elsewhere), "best", "all", or a list of variant names. The pseudo-backend
+  AUTO, when among `backends`, adds (AUTO, AUTO_VARIANT) under every policy.
+  `slow` holds (backend, variant) pairs too slow to run here (interpreted, on
+  a CPU): the best is then replaced by the highest rung below it that is not
+  slow, and the note says so.
   """
   out = []
   for b in backends:
+    if b == AUTO:   # one kernel whatever the policy: the default has no variants to pick
+      out.append((AUTO, AUTO_VARIANT, ""))
+      continue
     vs = list(jaxgemm.variants(b))
     if isinstance(variants_policy, (list, tuple)):
       out.extend((b, v, "") for v in vs if v in variants_policy)
@@ -395,28 +419,36 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     row = base_row(ctx, bp.suite, "gemm", backend, variant, bp, dtype_name)
     if why:
       row["note"] = why
+    picked = choice(bp, dtype_name, backend, variant)   # the config recorded is the one run
     row.update(rot, tolerance=TOLERANCE[dtype_name],
-               config=kernel_config(bp, dtype_name, backend, variant),
+               config=picked.config.to_json() if picked else "",
                variant_rank=_rank(backend, variant))
     key = (backend, variant)
+    if backend == AUTO and picked:
+      row["chosen"] = describe_choice(picked)
+      # auto runs another kernel on each problem: its speed is that kernel's.
+      key = (picked.backend, picked.variant)
     if excluded(ctx.exclude, backend, variant, bp.name):
       row.update(status=STATUS_SKIPPED, note="excluded by --exclude")
     elif not ctx.on_gpu and key in ctx.slow:
       row.update(status=STATUS_SKIPPED,
-                 note=f"skipped on CPU: an earlier interpreted call of this variant "
+                 note=f"skipped on CPU: an earlier interpreted call of {key[0]}/{key[1]} "
                       f"took {ctx.slow[key]:.1f} s (budget {ctx.cpu_call_budget_s} s)")
     else:
       with Watchdog(ctx, row, f"{backend}/{variant} on {bp.name}"):
-        _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_median)
+        _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_median, key)
     emit(row)
   del bufs, refs
   return rows
 
 
-def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_median):
-  """Compile, run, check against XLA, then time one kernel; fills `row`."""
+def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_median,
+                key):
+  """Compile, run, check against XLA, then time one kernel; fills `row`.
+
+  key: the (backend, variant) whose interpreted speed on a CPU this call measures.
+  """
   backend, variant = row["backend"], row["variant"]
-  key = (backend, variant)
   tol = TOLERANCE[dtype_name]
   try:
     fn = make_fn(bp, dtype_name, backend, variant)

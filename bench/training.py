@@ -31,12 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxgemm
+from jaxgemm.timing import summarize
 
 from . import problems as P
-from .runner import (REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL, STATUS_OK, STATUS_SKIPPED,
-                     STATUS_UNSUPPORTED, TOLERANCE, Context, Watchdog, base_row, excluded,
-                     is_not_implemented, precision_of, short_error)
-from .timing import summarize
+from .runner import (AUTO, AUTO_VARIANT, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL,
+                     STATUS_OK, STATUS_SKIPPED, STATUS_UNSUPPORTED, TOLERANCE, Context, Watchdog,
+                     base_row, excluded, is_not_implemented, precision_of, short_error)
 
 # Largest relative difference |loss - loss_xla| / loss_xla allowed at any step.
 TRAJECTORY_TOL = {"bf16": 5e-2, "fp16": 3e-2, "fp32": 2e-2, "fp32-highest": 1e-3}
@@ -166,7 +166,7 @@ def make_mm(backend: str, variant: str, dtype_name: str) -> Callable:
   prec = precision_of(dtype_name)
   if backend == REF:
     return lambda x, w: jnp.matmul(x, w, precision=prec)
-  v = None if variant == DEFAULT_VARIANT else variant
+  v = None if backend == AUTO or variant == DEFAULT_VARIANT else variant
   return lambda x, w: jaxgemm.matmul(x, w, precision=prec, backend=backend, variant=v)
 
 
@@ -250,7 +250,12 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
 def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: bool = False,
                  cfg: ModelConfig | None = None, mm_factory: Callable | None = None) -> list[dict]:
   """The training suite: XLA's dot, then each backend with variant=None (its own choice
-  per GEMM, labelled "(default)"), or the chosen variants with --variants all / a list."""
+  per GEMM, labelled "(default)"), or the chosen variants with --variants all / a list.
+
+  The pseudo-backend AUTO, when among `backends`, trains as a user's model does by
+  default (backend="auto", no variant: jaxgemm picks per GEMM, forward and backward),
+  labelled AUTO/AUTO_VARIANT, under every policy: its step time against XLA's is
+  the "default arguments" training number."""
   from .runner import Progress  # noqa: PLC0415
 
   dtype_name = ctx.dtype_name
@@ -258,6 +263,9 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     cfg = (GPU_MODEL_QUICK if quick else GPU_MODEL) if ctx.on_gpu else CPU_MODEL
   kernels = []   # (backend, variant, note)
   for b in backends:
+    if b == AUTO:
+      kernels.append((AUTO, AUTO_VARIANT, ""))
+      continue
     vs = list(jaxgemm.variants(b))
     if isinstance(variants_policy, (list, tuple)):
       kernels += [(b, v, "") for v in vs if v in variants_policy]

@@ -3,13 +3,17 @@
 The problem tables (shapes that really are what their suite says), the
 correctness gate (a wrong kernel is a failure row, never a time), the CSV,
 report and plots from a small real CPU run and from a synthetic GPU-like CSV,
-and the CLI's --list. Only the xla backend and fake kernels run here, so the
-file stays fast whatever backends are registered.
+jaxgemm's default (backend="auto") as a row of its own, and the CLI's --list.
+Only the xla backend, the default (XLA's dot on a CPU) and fake kernels run
+here, so the file stays fast whatever backends are registered.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +24,12 @@ import pytest
 from jax import lax
 
 import jaxgemm
+from jaxgemm import registry, timing, tuning_cache
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import problems as P
 from jaxgemm.bench import report as R
 from jaxgemm.bench import runner
 from jaxgemm.bench import training as T
-from jaxgemm.bench import timing
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_PROBLEMS = [p for probs in P.SUITES.values() for p in probs]
@@ -227,6 +231,58 @@ def test_exclude_patterns():
   assert not runner.excluded((), "xla", "dot_general", "x")
 
 
+# ---------------------------------------------------------------- jaxgemm's default (auto)
+
+def test_auto_is_one_kernel_on_every_problem_under_every_policy():
+  bp = next(p for p in P.SUITES["tiny"] if p.ladder)
+  for policy in ("ladder", "best", "all", ["dot_general"]):
+    ks = runner.choose_kernels(bp, [runner.AUTO, "xla"], policy, "bf16")
+    assert ks[0] == (runner.AUTO, runner.AUTO_VARIANT, ""), policy
+    assert ("xla", "dot_general", "") in ks and len(ks) == 2, policy
+  assert runner.choose_kernels(bp, ["xla"], "best", "bf16") == [("xla", "dot_general", "")]
+
+
+def test_auto_row_records_what_dispatch_chose():
+  """Without tuned records the default is XLA's dot through jaxgemm ("fallback")."""
+  bp = P.BenchProblem("tiny", "auto", 48, 96, 40)
+  rows = []
+  runner.run_problem(_ctx(rows), bp, [(runner.AUTO, runner.AUTO_VARIANT, "")])
+  ref, auto = rows
+  assert ref["backend"] == runner.REF and ref["status"] == "ok"
+  assert (auto["backend"], auto["variant"], auto["status"]) == ("auto", "default", "ok")
+  assert auto["chosen"] == "xla/dot_general (fallback)"
+  assert json.loads(auto["config"]) == {"backend": "xla"}
+  assert auto["speedup_vs_xla"] > 0 and auto["error"] <= runner.TOLERANCE["bf16"]
+
+
+@pytest.mark.skipif("triton" not in jaxgemm.backends(), reason="needs the triton backend")
+def test_tuned_table_decides_the_default_and_the_recorded_kernel(monkeypatch):
+  """A (fake) shipped-table record: auto runs it, and the rows say so, config included."""
+  bp = P.BenchProblem("tiny", "tuned", 32, 32, 32)
+  gp = runner.gemm_problem(bp, "bf16")
+  triton = registry.get_backend("triton")
+  heuristic = runner.choice(bp, "bf16", "triton")
+  variant = next(v for v in triton.variants if v != heuristic.variant and v != "naive")
+  config = dataclasses.replace(triton.default_config(gp, variant), num_warps=2)
+  triton.check(gp, variant, config)
+  record = tuning_cache.Tuned("triton", variant, config.to_dict(), time_ms=1.0, xla_time_ms=2.0,
+                              shape="1x32x32x32", source="table")
+  monkeypatch.setattr(tuning_cache, "lookup",
+                      lambda problem, kind, backend=None, **kw:
+                      [record] if backend in (None, "triton") else [])
+  assert runner.default_variant("triton", bp, "bf16") == variant
+  rows = []
+  runner.run_problem(_ctx(rows), bp, [(runner.AUTO, runner.AUTO_VARIANT, ""),
+                                       ("triton", variant, "")])
+  by = {r["backend"]: r for r in rows}
+  assert by["auto"]["chosen"] == f"triton/{variant} (table)"
+  assert by["auto"]["config"] == by["triton"]["config"] == config.to_json()
+  assert "chosen" not in by["triton"]   # a named kernel's row is as before
+  # it ran and was checked (an interpreted call may be too slow to time: "skipped")
+  assert by["auto"]["status"] in ("ok", "skipped"), by["auto"]
+  assert by["auto"]["error"] <= runner.TOLERANCE["bf16"]
+
+
 # ---------------------------------------------------------------- training
 
 SMALL = T.ModelConfig(batch=1, seq=8, d_model=32, n_heads=2, d_ff=64, n_layers=1, vocab=32,
@@ -256,7 +312,7 @@ def test_training_detects_a_wrong_gemm():
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("bench")
-  rc = cli.main(["--suite", "tiny,training", "--quick", "--backends", "xla", "--iters", "3",
+  rc = cli.main(["--suite", "tiny,training", "--quick", "--backends", "auto,xla", "--iters", "3",
                  "--training-steps", "3", "--out", str(out), "--run-name", "cpu-test"])
   assert rc == 0
   return out / "cpu-test"
@@ -284,9 +340,18 @@ def test_cpu_run_writes_csv_with_provenance(cpu_run):
     if r["backend"] == "xla":
       assert float(r["error"]) <= runner.TOLERANCE["bf16"]
       assert float(r["speedup_vs_xla"]) > 0
+  # jaxgemm's default has a row on every problem, saying what it ran
+  auto = {r["problem"]: r for r in gemm if r["backend"] == "auto"}
+  assert set(auto) == names
+  for r in auto.values():
+    assert r["variant"] == "default" and r["chosen"] == "xla/dot_general (fallback)"
+    assert json.loads(r["config"]) == {"backend": "xla"}
+  assert not any(r["chosen"] for r in gemm if r["backend"] != "auto")
   train = {r["backend"]: r for r in rows if r["kind"] == "train_step"}
-  assert train["xla"]["agree"] == "1" and train["xla"]["status"] == "ok"
-  assert float(train["xla"]["tokens_per_s"]) > 0
+  for b in ("xla", "auto"):
+    assert train[b]["agree"] == "1" and train[b]["status"] == "ok", train[b]
+    assert float(train[b]["tokens_per_s"]) > 0 and float(train[b]["speedup_vs_xla"]) > 0
+  assert train["auto"]["variant"] == "default"
 
 
 def test_cpu_report_says_not_gpu_and_has_plots(cpu_run):
@@ -294,9 +359,18 @@ def test_cpu_report_says_not_gpu_and_has_plots(cpu_run):
   head = report[:600]
   assert "NOT GPU TIMINGS" in head and "no GPU was found" in head
   assert "## Headline" in report and "## Kernel ladders" in report
-  assert "## Training step" in report
+  assert "## Training step" in report and "| auto/default | ok |" in report
+  # the default: headline columns, its own section with a row per problem, no ladder
+  head = report[report.index("## Headline"):report.index("## Defaults")]
+  assert "default (auto) vs XLA (geomean)" in head
+  defaults = report[report.index("## Defaults (backend='auto') vs XLA"):
+                    report.index("## Kernel ladders")]
+  for p in P.select("tiny", default_only=True, quick=True):
+    assert f"| tiny | {p.name} |" in defaults
+  assert "xla/dot_general (fallback)" in defaults and "- training step" in defaults
+  assert "#### Ladder: backend `auto`" not in report
   tables = (cpu_run / "README_TABLES.md").read_text()
-  assert "NOT GPU TIMINGS" in tables
+  assert "NOT GPU TIMINGS" in tables and "#### Defaults (backend='auto') vs XLA" in tables
   for name in ("tflops_vs_size.png", "ladder.png", "training_loss.png"):
     png = cpu_run / "plots" / name
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
@@ -322,8 +396,15 @@ def test_report_subcommand_regenerates_from_csv(cpu_run, tmp_path):
 
 # ---------------------------------------------------------------- a synthetic GPU CSV
 
+# The default's speedup in the synthetic run: above target but for one llm problem,
+# and far ahead of every backend on skinny (where `best` must still not count it).
+AUTO_SPEEDUP = {"square": 1.05, "llm": 1.05, "skinny": 2.5}
+AUTO_SLOW = P.SUITES["llm"][0].name   # 0.95x: below the 0.97x floor
+
+
 def _synthetic_gpu_csv(path):
-  """Rows as an H200 run would write them, for two fake backends (no GPU needed)."""
+  """Rows as an H200 run would write them, for two fake backends and the default
+  (backend="auto") (no GPU needed)."""
   prov = {"platform": "gpu", "device": "NVIDIA H200", "driver": "580.0", "jax": "0.11.2",
           "jaxlib": "0.11.2", "triton": "3.6.0", "git_commit": "abc", "date": "2026-11-22",
           "timer": "cupti", "input_dist": runner.INPUT_DIST, "run_id": "h200-test",
@@ -341,6 +422,10 @@ def _synthetic_gpu_csv(path):
     rows.append({**base, "backend": runner.REF, "variant": runner.REF_VARIANT, "status": "ok",
                  "time_ms_median": xla_t, "tflops": 700, "gbps": 1000,
                  "memory_bound": int(bp.suite == "skinny")})
+    s = 0.95 if bp.name == AUTO_SLOW else AUTO_SPEEDUP[bp.suite]
+    rows.append({**base, "backend": runner.AUTO, "variant": runner.AUTO_VARIANT, "status": "ok",
+                 "time_ms_median": xla_t / s, "tflops": 700 * s, "speedup_vs_xla": s,
+                 "gbps": 1000 * s, "chosen": "tri/best (table)"})
     for b, vs in ladders.items():
       for rank, v in enumerate(vs):
         if not bp.ladder and v != "best":
@@ -353,11 +438,13 @@ def _synthetic_gpu_csv(path):
         else:
           r.update(error=0.3, note="wrong result")
         rows.append(r)
-  for b, v in ((runner.REF, runner.REF_VARIANT), ("tri", T.DEFAULT_VARIANT)):
+  for b, v, t in ((runner.REF, runner.REF_VARIANT, 10), ("tri", T.DEFAULT_VARIANT, 10),
+                  (runner.AUTO, runner.AUTO_VARIANT, 9.5)):
     rows.append({**prov, "suite": "training", "kind": "train_step", "backend": b, "variant": v,
-                 "status": "ok", "time_ms_median": 10, "tokens_per_s": 8e5, "loss_first": 9,
+                 "status": "ok", "time_ms_median": t, "tokens_per_s": 8e5, "loss_first": 9,
                  "loss_last": 3, "agree": "" if b == runner.REF else 1,
-                 "problem": "transformer", "problem_note": "a model"})
+                 "problem": "transformer", "problem_note": "a model",
+                 **({} if b == runner.REF else {"xla_time_ms": 10, "speedup_vs_xla": 10 / t})})
     for i in range(5):
       rows.append({**prov, "suite": "training", "kind": "train_loss", "backend": b,
                    "variant": v, "status": "ok", "step": i, "loss": 9 - i})
@@ -385,6 +472,37 @@ def test_report_of_a_gpu_run(tmp_path):
   assert "(default)" not in report[report.index("## Kernel ladders"):report.index("## Suite")]
 
 
+def test_report_shows_the_default_apart_from_the_backends(tmp_path):
+  csv_path = tmp_path / "results.csv"
+  _synthetic_gpu_csv(csv_path)
+  report = R.generate(csv_path)["report"].read_text()
+  # headline: the default's own columns; `best` is among the backends only
+  head = report[report.index("## Headline"):report.index("## Defaults")]
+  assert "default (auto) vs XLA (geomean)" in head and "auto vs XLA" not in head
+  skinny = next(line for line in head.splitlines() if line.startswith("| skinny |"))
+  assert "2.50x" in skinny and "auto/" not in skinny
+  assert "| 1.20x |" in skinny   # pal's best, not the default's 2.5x
+  llm = next(line for line in head.splitlines() if line.startswith("| llm |"))
+  assert f"0.95x ({AUTO_SLOW})" in llm and "| 1/6 |" in llm
+  # the defaults section: square + llm against the target, and the training step
+  sec = report[report.index("## Defaults (backend='auto') vs XLA"):
+               report.index("## Kernel ladders")]
+  n_sq = sum(1 for p in P.SUITES["square"] if p.default)
+  n = n_sq + 6
+  g = math.exp(((n - 1) * math.log(1.05) + math.log(0.95)) / n)
+  assert (f"- square + llm (bf16): geomean {g:.2f}x over {n} problems, min 0.95x "
+          f"({AUTO_SLOW}), 1 below 0.97x: target NOT met.") in sec
+  assert "XLA's 10.000 ms (1.05x): target met." in sec
+  assert f"| llm | {AUTO_SLOW} |" in sec and "**700 (0.95x)**" not in sec
+  assert "**665.0 (0.95x)**" in sec and "tri/best (table)" in sec
+  assert "| skinny |" not in sec   # per-problem rows: the target's suites only
+  # no ladder or per-backend column of its own; a column in the suite tables
+  assert "#### Ladder: backend `auto`" not in report
+  assert "auto vs XLA" not in report and "auto best" not in report
+  suite = report[report.index("## Suite `llm`"):]
+  assert "default (auto) (vs XLA), chose" in suite.splitlines()[2]
+
+
 # ---------------------------------------------------------------- the CLI
 
 def test_cli_list_runs_as_a_module():
@@ -392,7 +510,7 @@ def test_cli_list_runs_as_a_module():
                        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
   assert res.returncode == 0, res.stderr
   for word in ("square", "llm", "skinny", "training", "xla: dot_general", "sq16384",
-               "llama3-70b.down.t16384"):
+               "llama3-70b.down.t16384", "  auto: default  (jaxgemm's default"):
     assert word in res.stdout, word
   for b in jaxgemm.backends():
     assert f"  {b}: " in res.stdout
