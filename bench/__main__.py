@@ -6,6 +6,7 @@
     python -m bench --list               # suites, problems, backends, variants
     python -m bench report bench/results/<run>/results.csv   # rebuild report + plots
     python -m bench report a/results.csv b/results.csv --out bench/results/<run>  # merge
+    python -m bench tune --suite square,llm,training   # jaxgemm.autotune on these problems
 
 Also installed as the console script `jaxgemm-bench`.
 """
@@ -197,6 +198,9 @@ def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv and argv[0] == "report":
     return _report_main(argv[1:])
+  if argv and argv[0] == "tune":
+    from .tune import main as tune_main  # noqa: PLC0415
+    return tune_main(argv[1:])
   args = _parser().parse_args(argv)
 
   import jax  # noqa: PLC0415
