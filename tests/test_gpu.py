@@ -96,3 +96,39 @@ def test_gpu_auto_is_jnp_matmul():
   b = jnp.asarray(np.random.default_rng(1).standard_normal((777, 520)), jnp.bfloat16)
   np.testing.assert_allclose(np.asarray(jaxgemm.matmul(a, b), np.float32),
                              np.asarray(jnp.matmul(a, b), np.float32), rtol=1e-2, atol=1e-1)
+
+
+def _auto_picks_in_the_shipped_table(max_flops=8e9):
+  """(problem, choice) for the table's problems where backend='auto' runs a kernel."""
+  from jaxgemm import dispatch, tuning_cache  # noqa: PLC0415
+  kind = dispatch.device_kind()
+  entries = tuning_cache.load(tuning_cache.table_path(kind))
+  out = {}
+  for key, shapes in entries.items():
+    device, backend_variant, dtypes, _, trans, _ = key.split("|")
+    if device != kind or dtypes != "bfloat16->bfloat16":
+      continue
+    for shape in shapes:
+      batch, m, n, k = map(int, shape.split("x"))
+      if 2 * batch * m * n * k > max_flops:
+        continue
+      p = jaxgemm.GemmProblem(batch, m, n, k, BF16, BF16, F32, trans[0] == "T", trans[1] == "T")
+      choice = dispatch.choose(p, "auto")
+      if choice.backend != "xla":
+        out[p] = choice
+  return out
+
+
+def test_auto_runs_the_shipped_tables_picks_correctly(rng):
+  """On a device with a shipped table, auto's kernel picks give right answers."""
+  picks = _auto_picks_in_the_shipped_table()
+  if not picks:
+    pytest.skip(f"no shipped table with kernel picks for {jax.devices()[0].device_kind}")
+  for p, choice in picks.items():
+    a = random_array(rng, p.a_shape, BF16)
+    b = random_array(rng, p.b_shape, BF16)
+    dims = (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,)))
+    out = jax.jit(lambda a, b: jaxgemm.dot_general(a, b, dims))(a, b)
+    ref, bound = dot_general_reference(a, b, dims)
+    assert_gemm_close(out, ref, bound, tolerance(BF16),
+                      f"auto -> {choice.describe()} on {p.describe()}")

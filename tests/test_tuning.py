@@ -1,0 +1,370 @@
+"""Autotuning and dispatch: resolution order, the cache, the tables, backend="auto".
+
+Everything here runs on the CPU: the device kind is then "cpu", tables are
+written to a temporary folder, and kernels run in their interpreters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgemm
+from gemm_testing import assert_gemm_close, matmul_reference, random_array, tolerance
+from jaxgemm import dispatch, primitive, registry, tuning_cache
+from jaxgemm.backends.triton import TritonConfig
+
+BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float32)
+KIND = dispatch.device_kind()          # "cpu" here
+pytestmark = pytest.mark.skipif("triton" not in jaxgemm.backends(),
+                                reason="the triton backend (its interpreter) is not installed")
+
+
+def problem(m=48, n=40, k=32, dtype=F32, batch=1, **kw) -> registry.GemmProblem:
+  return registry.GemmProblem(batch, m, n, k, np.dtype(dtype), np.dtype(dtype), F32, **kw)
+
+
+def record(backend, config, time_ms, xla_time_ms=1.0, version=None) -> dict:
+  cfg = {k: v for k, v in config.to_dict().items() if k != "backend"} if config else {}
+  return {"config": cfg, "time_ms": time_ms, "xla_time_ms": xla_time_ms,
+          "version": version or tuning_cache.kernel_version(backend), "timer": "test"}
+
+
+def write(path, p, entries: dict[tuple[str, str], dict]):
+  """A tuning file holding `entries` {(backend, variant): record} for problem `p`."""
+  data = {"format": tuning_cache.FORMAT, "entries": {
+      tuning_cache.entry_key(KIND, b, v, p): {tuning_cache.shape_key(p): r}
+      for (b, v), r in entries.items()}}
+  path.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+  """A private cache file (not yet written) and an empty table folder."""
+  path = tmp_path / "cache" / "autotune.json"
+  monkeypatch.setenv(tuning_cache.CACHE_ENV, str(path))
+  tables = tmp_path / "tables"
+  tables.mkdir()
+  monkeypatch.setattr(tuning_cache, "TABLES_DIR", tables)
+  return path
+
+
+@pytest.fixture
+def table(cache):
+  return tuning_cache.table_path(KIND)
+
+
+SMALL = TritonConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2)
+OTHER = TritonConfig(block_m=32, block_n=32, block_k=16, num_warps=4, num_stages=2)
+
+
+# ---------------------------------------------------------------- resolution order
+
+def test_resolution_order_explicit_cache_table_heuristic(cache, table):
+  p = problem()
+  heuristic = registry.get_backend("triton").default_config(p, "tensorcore")
+  assert heuristic not in (SMALL, OTHER)
+
+  c = dispatch.choose(p, "triton", "tensorcore")
+  assert (c.source, c.config) == ("heuristic", heuristic)
+
+  write(table, p, {("triton", "tensorcore"): record("triton", OTHER, 2.0)})
+  c = dispatch.choose(p, "triton", "tensorcore")
+  assert (c.source, c.config) == ("table", OTHER)
+
+  cache.parent.mkdir()
+  write(cache, p, {("triton", "tensorcore"): record("triton", SMALL, 3.0)})
+  c = dispatch.choose(p, "triton", "tensorcore")
+  assert (c.source, c.config) == ("cache", SMALL), "the cache overrides the table"
+
+  explicit = TritonConfig(block_m=64, block_n=16, block_k=16)
+  c = dispatch.choose(p, "triton", "tensorcore", explicit)
+  assert (c.source, c.config) == ("explicit", explicit)
+
+
+def test_variant_none_picks_the_fastest_tuned_variant(table):
+  p = problem()
+  write(table, p, {("triton", "tensorcore"): record("triton", SMALL, 2.0),
+                   ("triton", "persistent"): record("triton", OTHER, 1.5),
+                   ("triton", "tiled"): record("triton", SMALL, 9.0)})
+  c = dispatch.choose(p, "triton")
+  assert (c.variant, c.config, c.source) == ("persistent", OTHER, "table")
+
+
+def test_lowering_uses_the_resolved_config(cache, rng, monkeypatch):
+  """The config of the cache reaches the kernel, forward and backward, and the
+  result stays right."""
+  p = problem(m=48, n=40, k=32)
+  cache.parent.mkdir()
+  write(cache, p, {("triton", "tensorcore"): record("triton", SMALL, 1.0)})
+  seen = []
+  backend = registry.get_backend("triton")
+  impl = backend.impl
+  monkeypatch.setattr(type(backend), "impl",
+                      lambda self, prob, v, cfg, plat: (seen.append((prob, v, cfg)),
+                                                        impl(prob, v, cfg, plat))[1])
+  a = random_array(rng, (48, 32), F32)
+  b = random_array(rng, (32, 40), F32)
+  out = jax.jit(lambda a, b: jaxgemm.matmul(a, b, backend="triton", variant="tensorcore"))(a, b)
+  ref, bound = matmul_reference(a, b)
+  assert_gemm_close(out, ref, bound, tolerance(F32), "tuned config")
+  assert seen and seen[-1][1:] == ("tensorcore", SMALL)
+  # The backward GEMMs have other shapes: no record, so they get the heuristic.
+  jax.grad(lambda a: jaxgemm.matmul(a, b, backend="triton", variant="tensorcore").sum())(a)
+  grads = [(prob, cfg) for prob, _, cfg in seen if prob != p]
+  assert grads and all(cfg == backend.default_config(prob, "tensorcore")
+                       for prob, cfg in grads)
+
+
+def test_records_of_a_bucket_apply_to_its_neighbours(table):
+  tuned = problem(m=48, n=40, k=32)
+  write(table, tuned, {("triton", "tensorcore"): record("triton", SMALL, 1.0)})
+  assert dispatch.choose(problem(m=60, n=36, k=32), "triton", "tensorcore").config == SMALL
+  # Another power-of-two bucket, another alignment, or other flags: not the same problem.
+  for other in (problem(m=100, n=40, k=32), problem(m=48, n=40, k=31),
+                problem(m=48, n=40, k=32, trans_a=True), problem(m=48, n=40, k=32, dtype=BF16)):
+    assert dispatch.choose(other, "triton", "tensorcore").source == "heuristic", other
+
+
+def test_a_tuned_config_that_no_longer_fits_is_not_used(table):
+  p = problem(dtype=F32, precision=(jax.lax.Precision.HIGHEST,) * 2)
+  # A tensor-core record cannot run exact fp32: the heuristic variant runs instead.
+  write(table, p, {("triton", "tensorcore"): record("triton", SMALL, 0.1)})
+  c = dispatch.choose(p, "triton")
+  assert (c.variant, c.source) == ("pipelined", "heuristic")
+
+
+# ---------------------------------------------------------------- backend="auto"
+
+def test_auto_falls_back_to_xla_without_records(cache):
+  c = dispatch.choose(problem(), "auto")
+  assert (c.backend, c.source) == ("xla", "fallback")
+
+
+@pytest.mark.parametrize("kernel_ms, picked", [
+    (0.5, "triton"),              # twice as fast as XLA
+    (0.995, "xla"),               # faster, but within AUTO_MARGIN: XLA
+    (2.0, "xla"),                 # slower
+])
+def test_auto_picks_a_kernel_only_if_it_beat_xla(table, kernel_ms, picked):
+  p = problem()
+  write(table, p, {("xla", "dot_general"): record("xla", None, 1.0),
+                   ("triton", "tensorcore"): record("triton", SMALL, kernel_ms)})
+  assert dispatch.choose(p, "auto").backend == picked
+
+
+def test_auto_runs_the_tuned_kernel_under_jit_grad_and_vmap(table, rng):
+  m, n, k = 48, 40, 32
+  p = problem(m, n, k)
+  write(table, p, {("triton", "tensorcore"): record("triton", SMALL, 0.5)})
+  a = random_array(rng, (m, k), F32)
+  b = random_array(rng, (k, n), F32)
+  jaxpr = jax.make_jaxpr(jaxgemm.matmul)(a, b)
+  eqn, = [e for e in jaxpr.eqns if e.primitive is primitive.matmul_p]
+  assert eqn.params["backend"] == "auto"
+  backend, variant, config = primitive.resolve_kernel(p, eqn.params, "cpu")
+  assert (backend.name, variant, config) == ("triton", "tensorcore", SMALL)
+
+  ref, bound = matmul_reference(a, b)
+  assert_gemm_close(jax.jit(jaxgemm.matmul)(a, b), ref, bound, tolerance(F32), "auto")
+  ct = random_array(rng, (m, n), F32)
+  da = jax.grad(lambda a: jnp.vdot(jaxgemm.matmul(a, b), ct))(a)
+  ref, bound = matmul_reference(ct, b.T)
+  assert_gemm_close(da, ref, bound, tolerance(F32), "auto grad")
+  batched = jax.vmap(jaxgemm.matmul, (0, None))(jnp.stack([a, a]), b)
+  assert batched.shape == (2, m, n)
+
+
+def test_auto_falls_back_to_xla_for_what_kernels_do_not_take(table):
+  p = problem(dtype=np.float64)
+  write(table, p, {("triton", "tensorcore"): record("triton", SMALL, 0.01)})
+  assert dispatch.choose(p, "auto").backend == "xla"
+
+
+def test_auto_rejects_variant_and_config():
+  with pytest.raises(ValueError, match="backend='auto'"):
+    jaxgemm.matmul(jnp.ones((4, 4)), jnp.ones((4, 4)), variant="tensorcore")
+
+
+# ---------------------------------------------------------------- the cache file
+
+def test_cache_location(monkeypatch, tmp_path):
+  monkeypatch.setenv(tuning_cache.CACHE_ENV, str(tmp_path / "x.json"))
+  assert tuning_cache.default_cache_path() == tmp_path / "x.json"
+  monkeypatch.setenv(tuning_cache.CACHE_ENV, "off")
+  assert tuning_cache.default_cache_path() is None
+  monkeypatch.delenv(tuning_cache.CACHE_ENV)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert tuning_cache.default_cache_path() == tmp_path / "jaxgemm" / "autotune.json"
+
+
+def test_autotune_round_trip(cache):
+  p = problem(m=32, n=32, k=32)
+  report = jaxgemm.autotune(problems=[p], backends=["triton"], iters=1, log=None)
+  assert report.tuned == [p] and not report.out_of_time
+  ok = [t for t in report.trials if t.status == "ok"]
+  assert ok, report.summary()
+  assert all(t.error <= tuning_cache_tolerance(p) for t in ok)
+  data = json.loads(cache.read_text())
+  assert data["format"] == tuning_cache.FORMAT
+  xla_key = tuning_cache.entry_key(KIND, "xla", "dot_general", p)
+  assert data["entries"][xla_key][tuning_cache.shape_key(p)]["time_ms"] > 0
+
+  # Each tuned (backend, variant) comes back as its fastest config.
+  for variant in {t.variant for t in ok}:
+    fastest = min((t for t in ok if t.variant == variant), key=lambda t: t.time_ms)
+    c = dispatch.choose(p, "triton", variant)
+    assert (c.source, c.config) == ("cache", fastest.config)
+
+  again = jaxgemm.autotune(problems=[p], backends=["triton"], iters=1, log=None)
+  assert again.already_tuned == [p] and not again.trials
+  redo = jaxgemm.autotune(problems=[p], backends=["triton"], iters=1, retune=True, log=None)
+  assert redo.tuned == [p] and redo.trials
+
+
+def tuning_cache_tolerance(p):
+  from jaxgemm.tuning import tolerance as tuning_tolerance  # noqa: PLC0415
+  return tuning_tolerance(p)
+
+
+def test_autotune_never_stores_a_wrong_kernel(cache, monkeypatch):
+  import jaxgemm.tuning as tuning  # noqa: PLC0415
+  monkeypatch.setattr(tuning, "tolerance", lambda p: -1.0)   # every result is "wrong"
+  p = problem(m=32, n=32, k=32)
+  report = jaxgemm.autotune(problems=[p], backends=["triton"], iters=1, log=None)
+  assert report.trials and all(t.status == "fail" for t in report.trials
+                               if t.note.split(":")[0] not in ("unsupported", "invalid"))
+  assert dispatch.choose(p, "triton").source == "heuristic"
+  assert dispatch.choose(p, "auto").backend == "xla"
+
+
+def test_autotune_time_budget(cache):
+  report = jaxgemm.autotune(problems=[problem()], backends=["triton"], time_budget_s=0,
+                            log=None)
+  assert report.out_of_time == [problem()] and not report.tuned
+  assert not cache.exists()
+
+
+def test_stale_records_are_ignored(table, cache):
+  p = problem()
+  write(table, p, {("triton", "tensorcore"): record("triton", SMALL, 0.1, version="old")})
+  assert dispatch.choose(p, "triton", "tensorcore").source == "heuristic"
+  assert dispatch.choose(p, "auto").backend == "xla"
+  assert not tuning_cache.has_record(p, KIND, "triton", "tensorcore", table)
+
+
+def test_kernel_version_follows_the_sources():
+  versions = {b: tuning_cache.kernel_version(b) for b in ("xla", "triton", "pallas")}
+  assert len(set(versions.values())) == 3
+  assert all(len(v) == 12 for v in versions.values())
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99, "entries": {}}),
+                                     json.dumps({"format": 1, "entries": []}), ""])
+def test_corrupt_cache_is_reported_and_ignored(cache, rng, content):
+  cache.parent.mkdir()
+  cache.write_text(content)
+  p = problem(m=24, n=24, k=24)
+  with pytest.warns(tuning_cache.TuningCacheWarning, match="ignoring the tuning file"):
+    c = dispatch.choose(p, "triton", "tensorcore")
+  assert c.source == "heuristic"
+  a, b = random_array(rng, (24, 24), F32), random_array(rng, (24, 24), F32)
+  ref, bound = matmul_reference(a, b)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", tuning_cache.TuningCacheWarning)
+    assert_gemm_close(jaxgemm.matmul(a, b), ref, bound, tolerance(F32), "corrupt cache")
+    # Tuning again replaces the corrupt file with a good one.
+    jaxgemm.autotune(problems=[p], backends=[], iters=1, log=None)
+  assert json.loads(cache.read_text())["format"] == tuning_cache.FORMAT
+
+
+def test_unreadable_cache_is_reported_and_ignored(cache):
+  cache.mkdir(parents=True)   # a folder where the file should be: reading fails
+  with pytest.warns(tuning_cache.TuningCacheWarning):
+    assert tuning_cache.lookup(problem(), KIND, cache_path=cache) == []
+  assert dispatch.choose(problem(), "auto").backend == "xla"
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from pathlib import Path
+    from jaxgemm import tuning_cache
+    from jaxgemm.registry import GemmProblem
+    path, worker = Path(sys.argv[1]), int(sys.argv[2])
+    f32 = np.dtype("float32")
+    for i in range(25):
+      p = GemmProblem(1, 16 * (worker + 1), 16, 16 * (i + 1), f32, f32, f32)
+      key = tuning_cache.entry_key("cpu", "xla", "dot_general", p)
+      tuning_cache.store(path, {key: {tuning_cache.shape_key(p): {
+          "config": {}, "time_ms": 1.0, "xla_time_ms": 1.0, "version": "v"}}})
+""")
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+  path = tmp_path / "shared.json"
+  procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(w)])
+           for w in range(4)]
+  assert all(p.wait(timeout=300) == 0 for p in procs)
+  entries = json.loads(path.read_text())["entries"]
+  shapes = {s for v in entries.values() for s in v}
+  assert len(shapes) == 4 * 25
+  assert not list(tmp_path.glob("*.tmp")), "temporary files left behind"
+
+
+# ---------------------------------------------------------------- finding GEMMs
+
+def test_problems_in_finds_forward_backward_and_nested_gemms():
+  x = jax.ShapeDtypeStruct((8, 16), jnp.bfloat16)
+  w = jax.ShapeDtypeStruct((16, 32), jnp.bfloat16)
+
+  def f(w, x):
+    def body(h, _):
+      return jaxgemm.matmul(h, jnp.ones((32, 32), h.dtype)), None
+    h = jax.checkpoint(lambda x: jaxgemm.matmul(x, w))(x)
+    h, _ = jax.lax.scan(body, h, None, length=2)
+    return h.astype(jnp.float32).sum()
+
+  forward = jaxgemm.problems_in(f, w, x, backward=False)
+  assert [(p.m, p.n, p.k) for p in forward] == [(8, 32, 16), (8, 32, 32)]
+  with_grads = jaxgemm.problems_in(f, w, x)
+  flags = {(p.m, p.n, p.k, p.trans_a, p.trans_b) for p in with_grads}
+  assert {(8, 16, 32, False, True), (16, 32, 8, True, False)} <= flags
+  # jax.grad of f traced directly finds the same backward GEMMs.
+  grad_flags = {(p.m, p.n, p.k, p.trans_a, p.trans_b)
+                for p in jaxgemm.problems_in(jax.grad(f), w, x, backward=False)}
+  assert grad_flags <= flags
+
+
+def test_every_backends_tuning_candidates_are_valid():
+  for p in (problem(), problem(m=4096, n=4096, k=4096, dtype=BF16),
+            problem(m=128, n=8192, k=8192, dtype=BF16)):
+    for name in jaxgemm.backends():
+      b = registry.get_backend(name)
+      try:
+        candidates = b.tuning_candidates(p)
+      except NotImplementedError:
+        continue
+      assert candidates, name
+      for variant, config in candidates:
+        assert variant in b.variants
+        assert isinstance(config, b.config_cls)
+        try:
+          b.check(p, variant, config)
+        except NotImplementedError:
+          pass   # e.g. pallas on float32: the autotuner skips it, saying why
+
+
+def test_choice_describe_is_json():
+  c = dispatch.choose(problem(), "xla")
+  assert json.loads(c.describe().split(" ", 2)[2]) == {"backend": "xla"}
+  assert dataclasses.asdict(c)["source"] == "heuristic"
