@@ -467,6 +467,46 @@ def defaults_section(run: Run) -> list[str]:
   return out
 
 
+# The kernel targets of the Triton and Pallas issues: (problem, dtype, backend,
+# best variant at least this x XLA). What a run did not measure shows as such.
+ISSUE_TARGETS = [
+    ("sq4096", "bf16", "triton", 0.92), ("sq4096", "bf16", "pallas", 0.97),
+    ("sq8192", "bf16", "triton", 0.92), ("sq8192", "bf16", "pallas", 1.00),
+    ("u4095x4097x4093", "bf16", "triton", 3.0), ("u4095x4097x4093", "bf16", "pallas", 3.0),
+    ("m16.k8192.n8192", "bf16", "triton", 0.9), ("m128.k8192.n8192", "bf16", "pallas", 0.9),
+    ("llama3-8b.up.t8192", "bf16", "pallas", 1.00),
+    ("llama3-8b.down.t8192", "bf16", "pallas", 1.00),
+    ("square4096.t4096.dgrad", "bf16", "triton", 0.9),
+    ("square4096.t4096.wgrad", "bf16", "triton", 0.9),
+    ("square4096.t4096.dgrad", "bf16", "pallas", 0.95),
+    ("square4096.t4096.wgrad", "bf16", "pallas", 0.95),
+    ("sq8192", "fp32", "triton", 0.9), ("sq8192", "fp32-highest", "triton", 0.9),
+]
+
+
+def targets_table(run: Run) -> list[str]:
+  """Each issue target against the best variant of its backend in this run."""
+  rows = []
+  for problem, dtype, backend, target in ISSUE_TARGETS:
+    rr = [r for r in run.gemm if r["problem"] == problem and r["dtype"] == dtype]
+    if not rr:
+      continue
+    label = f"{problem} ({rr[0].get('m')}x{rr[0].get('k')}x{rr[0].get('n')}, {dtype})"
+    ok = [r for r in rr if r["backend"] == backend and r["status"] == "ok"
+          and num(r["speedup_vs_xla"])]
+    if not ok:
+      rows.append([label, backend, f">= {target:g}x", "not measured", "-"])
+      continue
+    b = max(ok, key=lambda r: num(r["speedup_vs_xla"]))
+    s = num(b["speedup_vs_xla"])
+    rows.append([label, backend, f">= {target:g}x",
+                 f"{b['variant']} {_fmt_t(num(b['tflops']))} TFLOP/s ({_fmt_x(s)})",
+                 "met" if s >= target else "**missed**"])
+  if not rows:
+    return []
+  return _table(["problem (MxKxN)", "backend", "target vs XLA", "best variant", ""], rows)
+
+
 def backend_suite_table(run: Run) -> list[str]:
   """Per backend (its best variant on each problem): geomean speedup per suite."""
   bs = list(run.backend_variants)
@@ -832,6 +872,9 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
   lines += [*headline_table(run), "", "Per backend (its best variant per problem), geomean "
             "speedup vs XLA (number of problems):", "", *backend_suite_table(run), ""]
   lines += ["## Defaults (backend='auto') vs XLA", "", *defaults_section(run), ""]
+  targets = targets_table(run)
+  if targets:
+    lines += ["## Kernel targets of the Triton and Pallas issues", "", *targets, ""]
   lines += ["## Kernel ladders", "", *ladder_tables(run), ""]
   for suite in run.suites:
     lines += [f"## Suite `{suite}`", "", *suite_table(run, suite), ""]
@@ -861,6 +904,9 @@ def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
   summary = defaults_summary(run)
   if summary:
     lines += ["#### Defaults (backend='auto') vs XLA", "", *summary, ""]
+  targets = targets_table(run)
+  if targets:
+    lines += ["#### Kernel targets of the Triton and Pallas issues", "", *targets, ""]
   lines += ladder_tables(run)
   tt = training_table(run)
   if tt:
