@@ -524,3 +524,22 @@ def test_cli_rejects_bad_arguments(tmp_path):
   with pytest.raises(SystemExit):
     cli.main(["--dtype", "int8", "--out", str(tmp_path)])
 
+
+
+def test_targets_table_reads_each_target_off_the_run():
+  def row(backend, variant, s, status="ok"):
+    return {"kind": "gemm", "suite": "square", "problem": "sq8192", "dtype": "bf16",
+            "m": 8192, "k": 8192, "n": 8192, "backend": backend, "variant": variant,
+            "status": status, "speedup_vs_xla": s, "tflops": 800 * s}
+  run = R.Run([row(runner.REF, runner.REF_VARIANT, ""), row("triton", "persistent", 0.98),
+               row("triton", "tensorcore", 0.91), row("pallas", "clusters", 0.99),
+               row("pallas", "pipelined", 1.5, status="fail")])
+  table = "\n".join(R.targets_table(run))
+  assert "| sq8192 (8192x8192x8192, bf16) | triton | >= 0.92x | persistent" in table
+  triton, pallas = [line for line in table.splitlines() if "sq8192" in line and "bf16" in line]
+  assert triton.endswith("| met |") and "(0.98x)" in triton
+  # A failed (wrong) kernel never counts toward a target, however fast.
+  assert pallas.endswith("| **missed** |") and "clusters" in pallas and "(0.99x)" in pallas
+  assert "sq4096" not in table      # not in the run: no row
+  only_xla = R.Run([row(runner.REF, runner.REF_VARIANT, "")])
+  assert "not measured" in "\n".join(R.targets_table(only_xla))
