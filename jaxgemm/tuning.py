@@ -4,8 +4,10 @@
     >>> w = jnp.ones((64, 64), jnp.bfloat16)
     >>> loss = lambda w, x: jaxgemm.matmul(x, w).astype(jnp.float32).sum()
     >>> x = jnp.ones((32, 64), jnp.bfloat16)
-    >>> [p.describe() for p in jaxgemm.problems_in(jax.grad(loss), w, x)]
+    >>> [p.describe() for p in jaxgemm.problems_in(jax.grad(loss), w, x, backward=False)]
     ['1x(32x64 @ 64x64) NN bfloat16->bfloat16', '1x(64x32 @ 32x64) TN bfloat16->bfloat16']
+    >>> len(jaxgemm.problems_in(loss, w, x))   # the forward GEMM and both of its gradients
+    3
 
 `autotune(fn, *args)` traces `fn` (nothing runs), finds every `matmul_p` in it
 and, with ``backward=True``, the GEMMs its gradient would run; then for each
