@@ -188,12 +188,6 @@ def _setup_triton_cache():
     pass
 
 
-def R_platform(device) -> str:
-  """'gpu' for CUDA/ROCm devices (whatever jax calls them), else the platform name."""
-  p = device.platform
-  return "gpu" if p in ("gpu", "cuda", "rocm") else p
-
-
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv and argv[0] == "report":
@@ -205,15 +199,15 @@ def main(argv=None) -> int:
 
   import jax  # noqa: PLC0415
 
-  platform = R_platform(jax.devices()[0])
+  from jaxgemm.timing import Timer, platform_of  # noqa: PLC0415
+
+  platform = platform_of()
   on_gpu = platform == "gpu"
   if args.list:
     _list(args, on_gpu, platform)
     return 0
 
   import jaxgemm  # noqa: PLC0415
-
-  from jaxgemm.timing import Timer  # noqa: PLC0415
 
   from . import report as R  # noqa: PLC0415
   from . import runner  # noqa: PLC0415

@@ -19,6 +19,15 @@ import jax
 import numpy as np
 
 CUPTI = "cupti"
+
+
+def platform_of(device=None) -> str:
+  """'gpu' for CUDA/ROCm devices (whatever jax calls them), else the platform name.
+
+  device: a jax.Device (default: jax's first device).
+  """
+  p = (device or jax.devices()[0]).platform
+  return "gpu" if p in ("gpu", "cuda", "rocm") else p
 WALL = "wallclock"
 
 

@@ -40,7 +40,7 @@ from jaxgemm import dispatch, registry, tuning_cache
 from jaxgemm.config import KernelConfig
 from jaxgemm.primitive import bind, matmul_p, problem_of
 from jaxgemm.registry import GemmProblem
-from jaxgemm.timing import Timer, summarize
+from jaxgemm.timing import Timer, platform_of, summarize
 
 # Relative Frobenius error ||C - C_xla|| / ||C_xla|| a candidate may have and
 # still be stored. Both results are rounded to the output dtype (bf16 keeps 8
@@ -150,11 +150,6 @@ class TuningReport:
 
 # ---------------------------------------------------------------- tuning
 
-def _platform() -> str:
-  p = jax.devices()[0].platform
-  return "gpu" if p in ("gpu", "cuda", "rocm") else p
-
-
 def _inputs(problem: GemmProblem, seed: int):
   ka, kb = jax.random.split(jax.random.key(seed))
   dtype = problem.dtype
@@ -174,7 +169,8 @@ def _compiled(problem: GemmProblem, backend: str, variant, config, a, b):
 
 
 @jax.jit
-def _rel_err(x, y):
+def relative_error(x, y):
+  """||x - y||_F / ||y||_F in float32: how far a result is from the reference `y`."""
   x, y = x.astype(jnp.float32), y.astype(jnp.float32)
   return jnp.linalg.norm((x - y).ravel()) / jnp.linalg.norm(y.ravel())
 
@@ -250,7 +246,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
     found.update(dict.fromkeys(problems_in(fn, *args, backward=backward, **kwargs)))
   for p in problems or ():
     found.setdefault(p)
-  platform = _platform()
+  platform = platform_of()
   kind = dispatch.device_kind()
   timer = Timer(platform)
   iters = iters or (20 if platform == "gpu" else 3)
@@ -313,7 +309,7 @@ def _time_trial(trial: Trial, a, b, ref, timer: Timer, iters: int) -> None:
     compiled, trial.compile_s = _compiled(trial.problem, trial.backend, trial.variant,
                                           trial.config, a, b)
     out = jax.block_until_ready(compiled(a, b))
-    trial.error = float(_rel_err(out, ref))
+    trial.error = float(relative_error(out, ref))
     del out
     tol = tolerance(trial.problem)
     if not trial.error <= tol:   # also catches nan

@@ -20,7 +20,7 @@ import pytest
 
 import jaxgemm
 from gemm_testing import assert_gemm_close, matmul_reference, random_array, tolerance
-from jaxgemm import dispatch, primitive, registry, tuning_cache
+from jaxgemm import dispatch, primitive, registry, tuning, tuning_cache
 from jaxgemm.backends.triton import TritonConfig
 
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float32)
@@ -213,7 +213,7 @@ def test_autotune_round_trip(cache):
   assert report.tuned == [p] and not report.out_of_time
   ok = [t for t in report.trials if t.status == "ok"]
   assert ok, report.summary()
-  assert all(t.error <= tuning_cache_tolerance(p) for t in ok)
+  assert all(t.error <= tuning.tolerance(p) for t in ok)
   data = json.loads(cache.read_text())
   assert data["format"] == tuning_cache.FORMAT
   xla_key = tuning_cache.entry_key(KIND, "xla", "dot_general", p)
@@ -231,13 +231,7 @@ def test_autotune_round_trip(cache):
   assert redo.tuned == [p] and redo.trials
 
 
-def tuning_cache_tolerance(p):
-  from jaxgemm.tuning import tolerance as tuning_tolerance  # noqa: PLC0415
-  return tuning_tolerance(p)
-
-
 def test_autotune_never_stores_a_wrong_kernel(cache, monkeypatch):
-  import jaxgemm.tuning as tuning  # noqa: PLC0415
   monkeypatch.setattr(tuning, "tolerance", lambda p: -1.0)   # every result is "wrong"
   p = problem(m=32, n=32, k=32)
   report = jaxgemm.autotune(problems=[p], backends=["triton"], iters=1, log=None)
