@@ -37,6 +37,12 @@ PROBLEMS = [
                  id="batched-TT-4x1000x520x776-bf16"),
     pytest.param(((1024, 1000), (1024, 768), (((0,), (0,)), ((), ())), BF16, None),
                  id="TN-1000x1024x768-bf16"),
+    # An output of one tile, and one of three tiles across N: a 2-CTA cluster
+    # then has a CTA without a tile (B^T wholly out of its box went wrong once).
+    pytest.param(((33, 40), (24, 40), (((1,), (1,)), ((), ())), BF16, None),
+                 id="NT-one-tile-33x40x24-bf16"),
+    pytest.param(((200, 300), (260, 200), (((0,), (1,)), ((), ())), F16, None),
+                 id="TT-odd-tiles-300x200x260-f16"),
 ]
 
 

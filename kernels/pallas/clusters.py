@@ -8,8 +8,9 @@ BlockSpec is collective over the cluster axis: each CTA issues half of the
 TMA load and multicasts it into both CTAs' shared memory. That halves the L2
 -> SMEM traffic of the shared operand, the limit of the persistent kernel at
 large tiles. The persistent loop walks cluster tiles (2 CTA tiles each) in
-the same L2-friendly snake, on SMs / 2 clusters. Ragged edges are unchanged:
-a CTA whose tile lies past M or N reads zeros and stores nothing.
+the same L2-friendly snake, on SMs / 2 clusters. Ragged edges are unchanged;
+a CTA left without a tile (an odd tile count along the cluster axis)
+recomputes its partner's tile and stores nothing.
 
 The kernel body is rung 3's (`warp_specialized.persistent_kernel`), which
 takes the cluster shape; this module picks it and launches the clusters.

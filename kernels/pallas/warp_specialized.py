@@ -52,8 +52,9 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
   half = tm // 2                     # rows per consumer warpgroup
   k_iters = common.cdiv(dims.k, tk)
   # A cluster computes (cluster_m x cluster_n) adjacent CTA tiles.
-  m_cl_tiles = common.cdiv(dims.m, tm * cluster_m)
-  n_cl_tiles = common.cdiv(dims.n, tn * cluster_n)
+  m_tiles, n_tiles = common.cdiv(dims.m, tm), common.cdiv(dims.n, tn)
+  m_cl_tiles = common.cdiv(m_tiles, cluster_m)
+  n_cl_tiles = common.cdiv(n_tiles, cluster_n)
   clustered = cluster_m * cluster_n > 1
   a_shape, a_index = common.a_block_spec_args(tm, tk, trans_a)
   b_shape, b_index = common.b_block_spec_args(tk, tn, trans_b)
@@ -108,6 +109,13 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
                                       grid_minor_m, grid_group)
       mi = mc * cluster_m + (cta if cluster_m > 1 else 0)
       ni = nc * cluster_n + (cta if cluster_n > 1 else 0)
+      # With an odd tile count along the cluster axis, the last cluster's
+      # second CTA has no tile. It recomputes its partner's tile and stores
+      # nothing: on the H200, a CTA whose B box lay wholly past the array
+      # (trans_b, N <= tile_n) corrupted its partner's result (relative error
+      # ~1 on 33x40x24; bench/results/probes/pallas-2026-11-22-s3/probe_b.log).
+      owns_tile = (mi < m_tiles) & (ni < n_tiles)
+      mi, ni = jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1)
       wg_rows = pl.ds(wg * half, half)
 
       def a_rows(a_smem):
@@ -138,10 +146,13 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
               out_smem[wg, slot] = acc[em * EPI_TILE_M:(em + 1) * EPI_TILE_M,
                                        en * epi_tn:(en + 1) * epi_tn]
               plgpu.commit_smem()
-              plgpu.copy_smem_to_gmem(
-                  out_smem.at[wg, slot],
-                  c_gmem.at[bi, pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M),
-                            pl.ds(ni * tn + en * epi_tn, epi_tn)])
+
+              @pl.when(owns_tile)
+              def _store():
+                plgpu.copy_smem_to_gmem(
+                    out_smem.at[wg, slot],
+                    c_gmem.at[bi, pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M),
+                              pl.ds(ni * tn + en * epi_tn, epi_tn)])
 
       make_pipeline(mma, compute_context, mi, ni)(
           a_gmem.at[bi], b_gmem.at[bi], allocations=pipeline_allocs)
