@@ -6,66 +6,17 @@ B. per-tile overhead: M=N=8192 with K swept (time = waves * (c + K * r)).
 C. config sweep on 8192^3 and the two MLP shapes.
 D. clusters on single-tile / fully-out-of-bounds-CTA problems (the refused case).
 """
-import dataclasses, statistics, sys, time, traceback
+import dataclasses, sys, time
 import numpy as np, jax, jax.numpy as jnp
 from jax import lax
-from jax.experimental.mosaic.gpu import profiler
-import jaxgemm
-from jaxgemm.registry import GemmProblem
 from jaxgemm.backends import pallas as P
-from jaxgemm.kernels.pallas import common, clusters as CL, warp_specialized as WS
+from jaxgemm.kernels.pallas import common, clusters as CL
+from probe_helpers import (BE, guard, operands as ops, pallas_fn, prob, relerr, timeit, xla2d_fn,
+                           xla_fn)
 
 T0 = time.time()
-ITERS = 20
-BE = jaxgemm.registry.get_backend("pallas")
 C = P.PallasConfig
 print("jax", jax.__version__, jax.devices(), flush=True)
-
-
-def prob(b, m, n, k, ta=False, tb=False, dt=jnp.bfloat16):
-  dt = np.dtype(dt)
-  return GemmProblem(b, m, n, k, dt, dt, np.dtype(np.float32), ta, tb)
-
-
-def ops(p, seed=0):
-  ka, kb = jax.random.split(jax.random.key(seed))
-  return (jax.random.normal(ka, p.a_shape, jnp.float32).astype(p.dtype),
-          jax.random.normal(kb, p.b_shape, jnp.float32).astype(p.dtype))
-
-
-def pallas_fn(p, variant, cfg):
-  return jax.jit(lambda a, b: jaxgemm.matmul_p.bind(a, b, trans_a=p.trans_a, trans_b=p.trans_b,
-      out_dtype=p.out_dtype, acc_dtype=p.acc_dtype, precision=None, backend="pallas",
-      variant=variant, config=cfg))
-
-
-def xla_fn(p):
-  dims = (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,)))
-  return jax.jit(lambda a, b: lax.dot_general(a, b, dims, preferred_element_type=jnp.float32))
-
-
-def xla2d_fn(p):
-  dims = (((0 if p.trans_a else 1,), (1 if p.trans_b else 0,)), ((), ()))
-  return jax.jit(lambda a, b: lax.dot_general(a[0], b[0], dims))
-
-
-def timeit(f, *args):
-  jax.block_until_ready(f(*args))
-  _, t = profiler.measure(f, iterations=ITERS)(*args)
-  t = [sum(x[1] for x in y) if isinstance(y, (list, tuple)) else y for y in t]
-  return statistics.median(t)
-
-
-def relerr(x, ref):
-  x = np.asarray(x, np.float32); ref = np.asarray(ref, np.float32)
-  return float(np.abs(x - ref).max() / np.abs(ref).max())
-
-
-def guard(label, fn):
-  try:
-    fn()
-  except Exception as ex:  # noqa: BLE001
-    print(f"{label} ERR {type(ex).__name__}: {str(ex)[:600]}", flush=True)
 
 
 parts = sys.argv[1] if len(sys.argv) > 1 else "ABCD"

@@ -1,26 +1,12 @@
 """Probe E: cheaper ways to slice C; F: clusters on single tiles with transposes / grad(grad)."""
-import sys, time, statistics, functools
-import numpy as np, jax, jax.numpy as jnp
+import time
+import jax, jax.numpy as jnp
 from jax import lax
-from jax.experimental.mosaic.gpu import profiler
 import jaxgemm
-from jaxgemm.registry import GemmProblem
 from jaxgemm.kernels.pallas import clusters as CL
+from probe_helpers import BE, guard, operands, prob, ref64, relerr, timeit
 
 T0 = time.time()
-BE = jaxgemm.registry.get_backend("pallas")
-
-def timeit(f, *args):
-  jax.block_until_ready(f(*args))
-  _, t = profiler.measure(f, iterations=20)(*args)
-  t = [sum(x[1] for x in y) if isinstance(y, (list, tuple)) else y for y in t]
-  return statistics.median(t)
-
-def guard(label, fn):
-  try:
-    fn()
-  except Exception as ex:  # noqa: BLE001
-    print(f"{label} ERR {type(ex).__name__}: {str(ex)[:400]}", flush=True)
 
 print("== E: slicing a (1,4096,4096) bf16 C ==", flush=True)
 c = jax.random.normal(jax.random.key(0), (1, 4096, 4096), jnp.float32).astype(jnp.bfloat16)
@@ -43,24 +29,13 @@ for name, fn in cands.items():
   guard(name, lambda: print(f"{name:24s} {timeit(jax.jit(fn), c)*1e3:7.1f} us", flush=True))
 
 print("== F: clusters on single tiles ==", flush=True)
-def prob(b, m, n, k, ta=False, tb=False):
-  dt = np.dtype(jnp.bfloat16)
-  return GemmProblem(b, m, n, k, dt, dt, np.dtype(np.float32), ta, tb)
-
-def relerr(x, ref):
-  x = np.asarray(x, np.float64); return float(np.abs(x - ref).max() / np.abs(ref).max())
-
 for (b, m, k, n) in [(1, 33, 40, 24), (1, 40, 33, 24), (1, 33, 24, 40), (3, 33, 40, 24), (1, 3, 8, 8),
                      (2, 100, 70, 50), (1, 128, 256, 64)]:
   for ta in (False, True):
     for tb in (False, True):
       p = prob(b, m, n, k, ta, tb)
-      ka, kb = jax.random.split(jax.random.key(m * 7 + k))
-      a = jax.random.normal(ka, p.a_shape, jnp.float32).astype(jnp.bfloat16)
-      bb = jax.random.normal(kb, p.b_shape, jnp.float32).astype(jnp.bfloat16)
-      A = np.asarray(a, np.float64); B = np.asarray(bb, np.float64)
-      A = A.transpose(0, 2, 1) if ta else A; B = B.transpose(0, 2, 1) if tb else B
-      ref = A @ B
+      a, bb = operands(p, m * 7 + k)
+      ref = ref64(p, a, bb)
       cfg = BE.default_config(p, "clusters")
       def go():
         out = jax.jit(lambda a, b: CL.clusters(a, b, p, cfg))(a, bb)
@@ -86,7 +61,6 @@ def loss(be, var):
   return f
 for be, var in (("xla", None), ("pallas", "clusters"), ("pallas", "warp_specialized")):
   def go():
-    kw = {} if var is None else {}
     f = loss(be, var)
     g = jax.grad(lambda x, w: jnp.sum(jax.grad(f, argnums=1)(x, w).astype(jnp.float32) ** 2), argnums=(0, 1))
     gx, gw = jax.jit(g)(x, w)

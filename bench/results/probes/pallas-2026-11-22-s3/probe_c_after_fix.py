@@ -1,50 +1,12 @@
 """Probe G: after the untiled-C epilogue and the cluster clamp: correctness of
 single-tile / odd-tile cluster problems, and timing of ragged + aligned shapes."""
-import sys, time, statistics
-import numpy as np, jax, jax.numpy as jnp
+import time
+import jax, jax.numpy as jnp
 from jax import lax
-from jax.experimental.mosaic.gpu import profiler
-import jaxgemm
-from jaxgemm.registry import GemmProblem
 from jaxgemm.backends import pallas as P
-import importlib
+from probe_helpers import BE, guard, kernel, operands as data, prob, ref64, relerr, timeit
 
 T0 = time.time()
-BE = jaxgemm.registry.get_backend("pallas")
-
-def timeit(f, *args):
-  jax.block_until_ready(f(*args))
-  _, t = profiler.measure(f, iterations=20)(*args)
-  t = [sum(x[1] for x in y) if isinstance(y, (list, tuple)) else y for y in t]
-  return statistics.median(t)
-
-def guard(label, fn):
-  try:
-    fn()
-  except Exception as ex:  # noqa: BLE001
-    print(f"{label} ERR {type(ex).__name__}: {str(ex)[:400]}", flush=True)
-
-def prob(b, m, n, k, ta=False, tb=False, dt=jnp.bfloat16):
-  dt = np.dtype(dt)
-  return GemmProblem(b, m, n, k, dt, dt, np.dtype(np.float32), ta, tb)
-
-def data(p, seed):
-  ka, kb = jax.random.split(jax.random.key(seed))
-  a = jax.random.normal(ka, p.a_shape, jnp.float32).astype(p.dtype)
-  b = jax.random.normal(kb, p.b_shape, jnp.float32).astype(p.dtype)
-  return a, b
-
-def ref64(p, a, b):
-  A = np.asarray(a, np.float64); B = np.asarray(b, np.float64)
-  A = A.transpose(0, 2, 1) if p.trans_a else A; B = B.transpose(0, 2, 1) if p.trans_b else B
-  return A @ B
-
-def relerr(x, ref):
-  x = np.asarray(x, np.float64); return float(np.abs(x - ref).max() / np.abs(ref).max())
-
-def kernel(p, v, cfg):
-  fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{v}"), v)
-  return jax.jit(lambda a, b: fn(a, b, p, cfg))
 
 print("== G0: producing a (1,4095,4093) bf16 from a (1,4096,4096) one ==", flush=True)
 c = jax.random.normal(jax.random.key(0), (1, 4096, 4096), jnp.float32).astype(jnp.bfloat16)
