@@ -2,50 +2,17 @@
 
 Not the benchmark (that is `python -m bench`): the sweeps that chose the
 Pallas defaults. Its log is bench/results/probes/h200-pallas-ladder-2026-11-22-probe3.log,
-made with `make gpu-env && cd /tmp && python3 <repo>/bench/pallas_probe.py all 200`.
+made with `make gpu-env && cd /tmp && python3 <repo>/bench/pallas_probe.py all 200` (its
+helpers now live in `bench/probe_helpers.py`: run it as `python3 -m bench.pallas_probe all 200`
+from the repository root).
 """
-import dataclasses, importlib, statistics, sys, time, traceback
-import numpy as np, jax, jax.numpy as jnp
-from jax import lax
-from jax.experimental.mosaic.gpu import profiler
-import jaxgemm
-from jaxgemm.registry import GemmProblem
-P = importlib.import_module("jaxgemm.backends.pallas")
-BE = jaxgemm.registry.get_backend("pallas")
+import sys, time
+import jax, jax.numpy as jnp
+from jaxgemm.backends import pallas as P
+from bench.probe_helpers import (BE, ITERS, operands as ops, pallas_fn, prob, relerr, timeit,
+                                 xla2d_fn, xla_fn)
 T0 = time.time()
-ITERS = 20
 print("jax", jax.__version__, jax.devices(), flush=True)
-
-def prob(b, m, n, k, ta=False, tb=False, dt=jnp.bfloat16, out=None):
-  dt = np.dtype(dt)
-  return GemmProblem(b, m, n, k, dt, np.dtype(out or dt), np.dtype(np.float32), ta, tb)
-
-def ops(p, seed=0):
-  ka, kb = jax.random.split(jax.random.key(seed))
-  return (jax.random.normal(ka, p.a_shape, jnp.float32).astype(p.dtype),
-          jax.random.normal(kb, p.b_shape, jnp.float32).astype(p.dtype))
-
-def pallas_fn(p, variant, cfg):
-  return jax.jit(lambda a, b: jaxgemm.matmul_p.bind(a, b, trans_a=p.trans_a, trans_b=p.trans_b,
-      out_dtype=p.out_dtype, acc_dtype=p.acc_dtype, precision=None, backend="pallas",
-      variant=variant, config=cfg))
-
-def xla_fn(p):
-  dims = (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,)))
-  return jax.jit(lambda a, b: lax.dot_general(a, b, dims, preferred_element_type=jnp.float32).astype(p.out_dtype))
-
-def xla2d_fn(p):  # the baseline: XLA's dot on 2-D operands, output in the operand dtype
-  dims = (((0 if p.trans_a else 1,), (1 if p.trans_b else 0,)), ((), ()))
-  return jax.jit(lambda a, b: lax.dot_general(a[0], b[0], dims))
-
-def timeit(f, a, b):
-  f(a, b).block_until_ready()
-  _, t = profiler.measure(f, iterations=ITERS)(a, b)
-  return statistics.median(t)
-
-def relerr(x, ref):
-  x = np.asarray(x, np.float32); ref = np.asarray(ref, np.float32)
-  return float(np.abs(x - ref).max() / np.abs(ref).max())
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "all"
 variants = P.VARIANTS

@@ -11,8 +11,8 @@ import numpy as np, jax, jax.numpy as jnp
 from jax import lax
 from jaxgemm.backends import pallas as P
 from jaxgemm.kernels.pallas import common, clusters as CL
-from probe_helpers import (BE, guard, operands as ops, pallas_fn, prob, relerr, timeit, xla2d_fn,
-                           xla_fn)
+from bench.probe_helpers import (BE, guard, operands as ops, pallas_fn, prob, relerr, timeit,
+                                 xla2d_fn, xla_fn)
 
 T0 = time.time()
 C = P.PallasConfig

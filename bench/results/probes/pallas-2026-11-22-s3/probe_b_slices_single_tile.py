@@ -4,7 +4,7 @@ import jax, jax.numpy as jnp
 from jax import lax
 import jaxgemm
 from jaxgemm.kernels.pallas import clusters as CL
-from probe_helpers import BE, guard, operands, prob, ref64, relerr, timeit
+from bench.probe_helpers import BE, guard, operands, prob, ref64, relerr, timeit
 
 T0 = time.time()
 

@@ -4,7 +4,7 @@ import time
 import jax, jax.numpy as jnp
 from jax import lax
 from jaxgemm.backends import pallas as P
-from probe_helpers import BE, guard, kernel, operands as data, prob, ref64, relerr, timeit
+from bench.probe_helpers import BE, guard, kernel, operands as data, prob, ref64, relerr, timeit
 
 T0 = time.time()
 

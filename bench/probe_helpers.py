@@ -1,7 +1,9 @@
-"""What the session-3 Pallas probes share: problems, inputs, references, CUPTI timing.
+"""What the Pallas development probes share: problems, inputs, references, CUPTI timing.
 
-Factored out of the three probe scripts after their GPU runs (the logs beside
-them came from the same functions, then copied into each script).
+Used by `bench/pallas_probe.py` and the probes in
+`bench/results/probes/pallas-2026-11-22-s3/` (GPU only; not the benchmark).
+Factored out of those scripts after their GPU runs, whose logs came from
+copies of these functions.
 """
 import importlib
 import statistics
@@ -19,9 +21,10 @@ ITERS = 20
 BE = jaxgemm.registry.get_backend("pallas")
 
 
-def prob(b, m, n, k, ta=False, tb=False, dt=jnp.bfloat16):
+def prob(b, m, n, k, ta=False, tb=False, dt=jnp.bfloat16, out=None):
+  """A GemmProblem with float32 accumulation (output in `out`, default the operand dtype)."""
   dt = np.dtype(dt)
-  return GemmProblem(b, m, n, k, dt, dt, np.dtype(np.float32), ta, tb)
+  return GemmProblem(b, m, n, k, dt, np.dtype(out or dt), np.dtype(np.float32), ta, tb)
 
 
 def operands(p, seed=0):
