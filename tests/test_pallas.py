@@ -222,7 +222,7 @@ def test_matmul_p_cpu_lowering_runs_the_interpreter():
 # ---------------------------------------------------------------- GPU
 
 GPU_SHAPES = [(1, 512, 384, 320), (1, 4095, 4093, 4097), (2, 1000, 520, 777),
-              (1, 128, 2048, 1024)]
+              (1, 128, 2048, 1024), (3, 190, 93, 40)]
 
 
 @pytest.mark.gpu
@@ -243,6 +243,64 @@ def test_gpu_default_config_matches_reference(variant, trans, dtype):
         a, b, (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,))),
         preferred_element_type=jnp.float32)
     assert_close(out, np.asarray(ref, np.float64), p)
+
+
+# ---------------------------------------------------------------- exact C stores
+
+ws = importlib.import_module("jaxgemm.kernels.pallas.warp_specialized")
+common = importlib.import_module("jaxgemm.kernels.pallas.common")
+PERSISTENT = [v for v in ("warp_specialized", "clusters") if v in pallas.VARIANTS]
+
+
+@pytest.mark.parametrize("valid,extent", [(v, e) for e in (8, 32, 64) for v in range(1, e + 1)])
+def test_store_windows_cover_exactly_the_valid_part(valid, extent):
+  size, offsets = ws.windows(valid, extent)
+  covered = np.zeros(extent, bool)
+  for o in offsets:
+    assert 0 <= o and o + size <= valid       # nothing past C's edge
+    covered[o:o + size] = True
+  assert covered[:valid].all() and not covered[valid:].any()
+  assert len(offsets) <= 2 and size & (size - 1) == 0
+
+
+def exact_case(p: GemmProblem, cfg: PallasConfig) -> bool:
+  return common.stores_exact(p, p.out_dtype) and ws.exact_store_fits(
+      p.m, p.n, cfg.tile_m, cfg.tile_n, min(cfg.epi_tile_n, cfg.tile_n), p.out_dtype)
+
+
+def test_exact_stores_only_where_tma_cannot_store_c():
+  cfg = PallasConfig(tile_m=256, tile_n=128, epi_tile_n=64)
+  assert exact_case(problem(1, 4095, 4093, 4097), cfg)          # odd N: 2-byte stores
+  assert not exact_case(problem(1, 4096, 4096, 4097), cfg)      # TMA stores C
+  # A last tile with a single row inside C has no window of 128 elements: padded C.
+  assert not exact_case(problem(1, 4097, 4093, 64), cfg)
+  assert ws.store_vector_size(4093, 64, jnp.bfloat16) == 1
+  assert ws.store_vector_size(4100, 64, jnp.bfloat16) == 4
+  assert ws.store_vector_size(4104, 64, jnp.float32) == 4       # 16 bytes at most
+
+
+EXACT_CASES = [
+    # (batch, m, n, k, trans_a, trans_b, dtype): C's rows not TMA-describable,
+    # ragged last tiles in M and N (both consumers' pieces partly inside C).
+    pytest.param((1, 190, 93, 40, False, False, jnp.bfloat16), id="NN-bf16-190x93x40"),
+    pytest.param((2, 150, 77, 33, True, True, jnp.float16), id="TT-fp16-b2-150x77x33"),
+    pytest.param((1, 190, 93, 70, True, False, jnp.bfloat16), id="TN-bf16-190x93x70"),
+    pytest.param((3, 60, 75, 33, False, True, jnp.bfloat16), id="NT-bf16-b3-60x75x33"),
+]
+
+
+@pytest.mark.parametrize("variant", PERSISTENT)
+@pytest.mark.parametrize("case", EXACT_CASES)
+def test_interpreter_exact_c_stores(variant, case):
+  batch, m, n, k, ta, tb, dtype = case
+  p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
+  cfg = small_config(variant)
+  assert exact_case(p, cfg), "the case must exercise the exact-store epilogue"
+  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
+  a, b = operands(p, seed=3)
+  out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
+  assert out.shape == p.out_shape
+  assert_close(out, reference(a, b, p), p)
 
 
 @pytest.mark.parametrize("variant", pallas.VARIANTS)

@@ -15,14 +15,16 @@ recomputes its partner's tile and stores nothing.
 The kernel body is rung 3's (`warp_specialized.persistent_kernel`), which
 takes the cluster shape; this module picks it and launches the clusters.
 
-Measured (H200, jax 0.11.2, default configs, cluster_n=2, CUPTI median of
-20, bf16, `scratch/pallas_probe.py all` run 3; XLA's dot in the same process):
-8192^3 800.7 TFLOP/s (0.99x XLA), 4096^3 791.3 (0.98x), 4095x4097x4093 458.5
-(2.90x), 8192x4096x14336 786.5 (0.97x), 8192x14336x4096 810.7 (0.99x),
-A^T B 4096^3 791.3 (1.00x), A B^T 4096^3 791.0 (0.99x), 128x8192x8192 392.6
-(0.92x with 128x128x64 in 6 stages; 432.4, 1.00x, with the 128x64x128 tiles
-now the default for M <= 128, measured in the sweep). cluster_m=2 measured
-lower than cluster_n=2 on every shape tried (e.g. 8192^3: 783.0 vs 801.5).
+Measured (H200, jax 0.11.2, default configs, cluster_n=2, CUPTI median of 20,
+bf16, `bench/pallas_probe.py all` run 3 (its log is
+bench/results/probes/h200-pallas-ladder-2026-11-22-probe3.log); XLA's dot in
+the same process): 8192^3 800.7 TFLOP/s (0.99x XLA), 4096^3 791.3 (0.98x),
+4095x4097x4093 458.5 (2.90x), 8192x4096x14336 786.5 (0.97x), 8192x14336x4096
+810.7 (0.99x), A^T B 4096^3 791.3 (1.00x), A B^T 4096^3 791.0 (0.99x),
+128x8192x8192 392.6 (0.92x with 128x128x64 in 6 stages; 432.4, 1.00x, with the
+128x64x128 tiles now the default for M <= 128, measured in the sweep).
+cluster_m=2 measured lower than cluster_n=2 on every shape tried (e.g. 8192^3:
+783.0 vs 801.5).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ One place for what all rungs need the same way:
   stored dimension that is not such a multiple is zero-padded once in the
   wrapper (aligned problems are untouched); every other raggedness (M, N, K
   not multiples of the tiles) is left to TMA, which zero-fills out-of-bounds
-  loads and skips out-of-bounds stores, so no kernel needs a tail path;
+  loads and skips out-of-bounds stores, so no kernel needs a tail path. C
+  is padded and sliced too, unless the rung stores it exact (`stores_exact`);
 * `tile_coords`: the L2-friendly tile order of the persistent rungs;
 * `smem_bytes`: what a config puts in shared memory, checked before launch.
 """
@@ -330,26 +331,49 @@ class Dims:
   """The kernel's view of the problem: sizes of the (padded) stored arrays."""
 
   batch: int
-  m: int        # rows of C (M rounded up to 8)
-  n: int        # columns of C (N rounded up to the 128-byte swizzle span)
+  m: int        # rows of C (M rounded up to 8, or M itself when C is stored exact)
+  n: int        # columns of C (N rounded up to the 128-byte swizzle span, or N)
   k: int        # the contracting size the K loop covers
 
 
-def run_padded(kernel_fn, a, b, problem, *, out_dtype):
+def tma_storable(problem, out_dtype) -> bool:
+  """Whether C at its true shape is describable to TMA (see `run_padded`)."""
+  return problem.m % ROW_MULTIPLE == 0 and problem.n % col_multiple(out_dtype) == 0
+
+
+def stores_exact(problem, out_dtype) -> bool:
+  """Whether a persistent rung should write C at its true shape with plain stores.
+
+  When C's shape is not TMA-describable, the padded C would have to be cut
+  down by XLA: for an odd element count that slice is an unvectorized copy
+  (4095x4093 bf16: 80 us against the kernel's own 174 us, while a
+  (4096, 4093) slice of the same array takes 21 us;
+  bench/results/probes/pallas-2026-11-22-s3/probe_b.log). The persistent
+  rungs then store each tile straight from registers to C, their edge tiles
+  in windows that end at C's edge (`warp_specialized.store_exact`).
+  """
+  return not tma_storable(problem, out_dtype)
+
+
+def run_padded(kernel_fn, a, b, problem, *, out_dtype, exact_out: bool = False):
   """Calls `kernel_fn(a, b, dims) -> c` on TMA-describable operands; slices C.
 
   Aligned problems (every dimension a multiple of 64) pass through untouched.
   Otherwise the two stored dimensions of each operand are zero-padded to the
-  multiples above (one pad copy per operand, one slice copy of C); zeros in
-  K contribute nothing. What stays ragged relative to the *tiles* (a 4096-row
-  array under 256-row tiles is fine, a 4104-row one is not a multiple) is
-  TMA's: out-of-bounds loads are zero-filled, out-of-bounds stores dropped.
+  multiples above (one pad copy per operand); zeros in K contribute nothing.
+  C is computed padded and sliced (one more copy), unless `exact_out`: then
+  the kernel writes C at its true shape itself (`stores_exact`). What stays
+  ragged relative to the *tiles* (a 4096-row array under 256-row tiles is
+  fine, a 4104-row one is not a multiple) is TMA's: out-of-bounds loads are
+  zero-filled, out-of-bounds stores dropped.
   """
   cm = col_multiple(a.dtype)
   a = _pad_to(a, ROW_MULTIPLE, cm)
   b = _pad_to(b, ROW_MULTIPLE, cm)
   k = max(a.shape[1] if problem.trans_a else a.shape[2],
           b.shape[2] if problem.trans_b else b.shape[1])
+  if exact_out:
+    return kernel_fn(a, b, Dims(problem.batch, problem.m, problem.n, k))
   m_out = round_up(problem.m, ROW_MULTIPLE)
   n_out = round_up(problem.n, col_multiple(out_dtype))
   c = kernel_fn(a, b, Dims(problem.batch, m_out, n_out, k))

@@ -15,12 +15,21 @@ What it adds over `pipelined`:
 * A tiled epilogue: each consumer writes its rows as (64, epi_tile_n) pieces
   through two SMEM slots, waiting only for the store two pieces back; the
   last stores of a tile drain while the next tile's main loop runs.
+* C at its true shape when TMA cannot address C's rows (an odd N, say): the
+  pieces go out by plain stores instead (`store_exact`), the edge tiles' in
+  windows that end at C's edge, so XLA never slices a padded C. On
+  4095x4097x4093 that took the problem from 301.1 us (2.88x XLA: the kernel
+  plus an 80 us unvectorized slice) to 245.6 us (3.54x), and 8191x8193x8191
+  from 3.65x to 4.15x (H200, jax 0.11.2, CUPTI median of 20, XLA's dot in the
+  same process: bench/results/probes/pallas-2026-11-23/probe_exact.log).
 
 The kernel body also takes a cluster shape, which rung 4 (`clusters`) uses;
 here it is 1x1.
 
-Measured (H200, jax 0.11.2, default configs, CUPTI median of 20, bf16,
-`scratch/pallas_probe.py all` run 3; XLA's dot in the same process): 8192^3
+Measured before the exact stores (H200, jax 0.11.2, default configs, CUPTI
+median of 20, bf16, `bench/pallas_probe.py all` run 3:
+bench/results/probes/h200-pallas-ladder-2026-11-22-probe3.log; XLA's dot in
+the same process): 8192^3
 797.0 TFLOP/s (0.98x XLA), 4096^3 786.0 (0.98x), 4095x4097x4093 456.8
 (2.89x), 8192x4096x14336 777.3 (0.95x), 8192x14336x4096 807.5 (0.99x),
 A^T B 4096^3 789.5 (1.00x), A B^T 4096^3 774.7 (0.97x), 128x8192x8192 420.3
@@ -47,7 +56,8 @@ PRODUCER_REGISTERS = 40  # the TMA-issuing warpgroup needs almost none
 def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn: int,
                       tk: int, stages: int, epi_tn: int, trans_a: bool, trans_b: bool,
                       grid_minor_m: bool, grid_group: int, cluster_m: int = 1,
-                      cluster_n: int = 1, multicast: bool = True):
+                      cluster_n: int = 1, multicast: bool = True, exact_out: bool = False,
+                      interpret: bool = False):
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
   half = tm // 2                     # rows per consumer warpgroup
   k_iters = common.cdiv(dims.k, tk)
@@ -64,18 +74,20 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
   # interpreter: "Barrier arrival was completed again", then a hang).
   delay = 1 if k_iters > 1 else 0
 
-  def make_pipeline(body, compute_context, mi, ni):
+  def make_pipeline(body, compute_context):
+    # The pipeline walks K over refs already sliced to the tile's rows of A
+    # and columns of B (`tile_operands`), hence block index 0 along M and N.
     return plgpu.emit_pipeline_warp_specialized(
         body,
         grid=(k_iters,),
         memory_registers=PRODUCER_REGISTERS,
         in_specs=[
             # CTAs of a cluster along N share A's tile: TMA multicasts it.
-            plgpu.BlockSpec(a_shape, lambda ki: a_index(mi, ki),
+            plgpu.BlockSpec(a_shape, lambda ki: a_index(0, ki),
                             transforms=common.smem_transforms(a_shape[1], dtype),
                             memory_space=plgpu.SMEM, delay_release=delay,
                             collective_axes=("cluster",) if multicast and cluster_n > 1 else ()),
-            plgpu.BlockSpec(b_shape, lambda ki: b_index(ni, ki),
+            plgpu.BlockSpec(b_shape, lambda ki: b_index(0, ki),
                             transforms=common.smem_transforms(b_shape[1], dtype),
                             memory_space=plgpu.SMEM, delay_release=delay,
                             collective_axes=("cluster",) if multicast and cluster_m > 1 else ()),
@@ -86,15 +98,28 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
         compute_context=compute_context,
     )
 
+  def tile_operands(bi, m_start, n_start):
+    """A's rows [m_start, +tm) and B's columns [n_start, +tn) of batch bi, as stored."""
+    a_rows, b_cols = pl.ds(m_start, tm), pl.ds(n_start, tn)
+    a_tile = a_gmem.at[bi, :, a_rows] if trans_a else a_gmem.at[bi, a_rows, :]
+    b_tile = b_gmem.at[bi, b_cols, :] if trans_b else b_gmem.at[bi, :, b_cols]
+    return a_tile, b_tile
+
   ignore = lambda *_, **__: None
-  a_any, b_any = a_gmem.at[0], b_gmem.at[0]
+  if exact_out:
+    # Plain stores from a row-major staging slot per consumer warpgroup
+    # (no TMA, so no swizzle and no second slot in flight).
+    out_smem_type = plgpu.SMEM((2, EPI_TILE_M, epi_tn), out_dtype)
+  else:
+    # Two swizzled TMA-store slots per consumer warpgroup.
+    out_smem_type = common.out_smem_type(EPI_TILE_M, epi_tn, out_dtype, 2, 2)
 
   @functools.partial(
       pl.run_scoped,
       # Allocated once for all tiles: the ring of A/B stages and barriers...
-      pipeline_allocs=make_pipeline(ignore, ignore, 0, 0).get_allocations(a_any, b_any),
-      # ...and two epilogue slots per consumer warpgroup.
-      out_smem=common.out_smem_type(EPI_TILE_M, epi_tn, out_dtype, 2, 2),
+      pipeline_allocs=make_pipeline(ignore, ignore).get_allocations(*tile_operands(0, 0, 0)),
+      # ...and the epilogue's staging slots.
+      out_smem=out_smem_type,
       collective_axes="wg",
   )
   def _scope(pipeline_allocs, out_smem):
@@ -116,6 +141,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
       # ~1 on 33x40x24; bench/results/probes/pallas-2026-11-22-s3/probe_b.log).
       owns_tile = (mi < m_tiles) & (ni < n_tiles)
       mi, ni = jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1)
+      m_start, n_start = mi * tm, ni * tn
       wg_rows = pl.ds(wg * half, half)
 
       def a_rows(a_smem):
@@ -134,31 +160,120 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
         def _acc_scope(acc_ref):
           eval_pipeline(acc_ref)
           acc = acc_ref[...].astype(out_dtype)
-          row0 = mi * tm + wg * half
+          row0 = m_start + wg * half
           piece = 0
           for em in range(half // EPI_TILE_M):
             for en in range(tn // epi_tn):
+              rows = pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M)
+              cols = pl.ds(n_start + en * epi_tn, epi_tn)
+              acc_piece = acc[em * EPI_TILE_M:(em + 1) * EPI_TILE_M,
+                              en * epi_tn:(en + 1) * epi_tn]
+              if exact_out:
+                out_smem[wg] = acc_piece
+                row_cases = [(mi < m_tiles - 1, EPI_TILE_M)] + [
+                    ((mi == m_tiles - 1) & (wg == w), rows_left)
+                    for w, rows_left in enumerate(last_tile_rows(dims.m, tm, em))]
+                col_cases = [(ni < n_tiles - 1, epi_tn),
+                             (ni == n_tiles - 1, last_tile_cols(dims.n, tn, epi_tn, en))]
+                store_exact(out_smem.at[wg], c_gmem.at[bi], row0 + em * EPI_TILE_M,
+                            n_start + en * epi_tn, row_cases, col_cases, owns_tile,
+                            store_vector_size(dims.n, epi_tn, out_dtype), interpret)
+                continue
               slot = piece % 2
               piece += 1
               # The slot's previous store (two pieces back, maybe from the
               # previous tile) must have read SMEM before we overwrite it.
               plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-              out_smem[wg, slot] = acc[em * EPI_TILE_M:(em + 1) * EPI_TILE_M,
-                                       en * epi_tn:(en + 1) * epi_tn]
+              out_smem[wg, slot] = acc_piece
               plgpu.commit_smem()
 
               @pl.when(owns_tile)
               def _store():
-                plgpu.copy_smem_to_gmem(
-                    out_smem.at[wg, slot],
-                    c_gmem.at[bi, pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M),
-                              pl.ds(ni * tn + en * epi_tn, epi_tn)])
+                plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], c_gmem.at[bi, rows, cols])
 
-      make_pipeline(mma, compute_context, mi, ni)(
-          a_gmem.at[bi], b_gmem.at[bi], allocations=pipeline_allocs)
+      make_pipeline(mma, compute_context)(
+          *tile_operands(bi, m_start, n_start), allocations=pipeline_allocs)
 
   # Every store must land before the kernel exits.
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def store_vector_size(n: int, epi_tn: int, dtype) -> int:
+  """Elements per plain store into C with rows of `n`: up to 16 bytes, and 1
+  for an odd N of 16-bit elements (whose rows start at every 2-byte offset)."""
+  widest = 16 // jnp.dtype(dtype).itemsize
+  return next(v for v in (8, 4, 2, 1) if v <= widest and n % v == 0 and epi_tn % v == 0)
+
+
+def windows(valid: int, extent: int) -> tuple[int, tuple[int, ...]]:
+  """(size, offsets) of at most two windows that exactly cover [0, valid).
+
+  A piece `extent` long with only `valid` elements inside C (0 < valid <
+  extent) is stored as two overlapping windows of the largest power of two
+  <= valid, at 0 and at valid - size: static shapes, no mask, and nothing
+  written past C's edge (the overlap is written twice with the same values).
+  """
+  if valid >= extent:
+    return extent, (0,)
+  size = 1 << (valid.bit_length() - 1)
+  return size, tuple(sorted({0, valid - size}))
+
+
+def last_tile_rows(m: int, tm: int, em: int) -> tuple[int, int]:
+  """Rows inside C of epilogue piece `em` of each consumer (0, 1) in the last M tile."""
+  first = (common.cdiv(m, tm) - 1) * tm
+  return tuple(min(max(m - (first + w * (tm // 2) + em * EPI_TILE_M), 0), EPI_TILE_M)
+               for w in (0, 1))
+
+
+def last_tile_cols(n: int, tn: int, epi_tn: int, en: int) -> int:
+  """Columns inside C of epilogue piece `en` in the last N tile."""
+  return min(max(n - ((common.cdiv(n, tn) - 1) * tn + en * epi_tn), 0), epi_tn)
+
+
+def exact_store_fits(m: int, n: int, tm: int, tn: int, epi_tn: int, dtype) -> bool:
+  """Whether every store window holds a whole number of vectors per thread.
+
+  A warpgroup stores a window in a row-contiguous layout of 128 threads x
+  `vec` elements, so a window needs at least 128 * vec elements; a last tile
+  with, say, one row inside C has none that large and keeps the padded path.
+  """
+  vec = store_vector_size(n, epi_tn, dtype)
+  row_extents = {EPI_TILE_M} | {r for em in range(tm // 2 // EPI_TILE_M)
+                                for r in last_tile_rows(m, tm, em) if r}
+  col_extents = {epi_tn} | {c for en in range(tn // epi_tn)
+                            if (c := last_tile_cols(n, tn, epi_tn, en))}
+  return all(windows(r, EPI_TILE_M)[0] * windows(c, epi_tn)[0] % (128 * vec) == 0
+             for r in row_extents for c in col_extents)
+
+
+def store_exact(stage_smem, c_gmem, row0, col0, row_cases, col_cases, owns_tile,
+                vec: int, interpret: bool):
+  """Stores the epilogue piece staged in `stage_smem` to C at (row0, col0), exactly.
+
+  C's rows are not TMA-addressable here (`common.stores_exact`), so the
+  piece goes from the row-major SMEM slot to registers in a row-contiguous
+  layout and out by plain global stores of `vec` elements. `row_cases` and
+  `col_cases` list (condition, elements inside C) for the piece's rows and
+  columns: full pieces inside C take one store, pieces at C's edge the
+  `windows` that cover their part inside C. The warpgroup barriers around
+  SMEM accesses come with Mosaic GPU's warpgroup lowering.
+  """
+  for row_cond, rows in row_cases:
+    for col_cond, cols in col_cases:
+      if not rows or not cols:
+        continue
+      (h, row_offsets), (w, col_offsets) = windows(rows, stage_smem.shape[0]), \
+          windows(cols, stage_smem.shape[1])
+
+      @pl.when(row_cond & col_cond & owns_tile)
+      def _store():
+        for r in row_offsets:
+          for c in col_offsets:
+            window = stage_smem[pl.ds(r, h), pl.ds(c, w)]
+            if not interpret:  # a layout hint for Mosaic GPU; the interpreter has none
+              window = plgpu.layout_cast(window, plgpu.Layout.WG_STRIDED((h, w), vec_size=vec))
+            c_gmem[pl.ds(row0 + r, h), pl.ds(col0 + c, w)] = window
 
 
 def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
@@ -175,7 +290,8 @@ def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
         persistent_kernel, dims=dims, tm=tm, tn=tn, tk=tk, stages=stages, epi_tn=epi_tn,
         trans_a=problem.trans_a, trans_b=problem.trans_b,
         grid_minor_m=config.grid_minor_m, grid_group=config.grid_group,
-        cluster_m=cluster_m, cluster_n=cluster_n,
+        cluster_m=cluster_m, cluster_n=cluster_n, exact_out=exact_out,
+        interpret=interpret,
         # The 0.10.2 interpreter cannot allocate the cluster barriers that
         # multicast needs; there each CTA of the cluster loads its own copy
         # of the shared tile (the cluster's tile walk is the same).
@@ -196,7 +312,9 @@ def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
         **mesh,
     )(a, b)
 
-  return common.run_padded(call, a, b, problem, out_dtype=out_dtype)
+  exact_out = (common.stores_exact(problem, out_dtype)
+               and exact_store_fits(problem.m, problem.n, tm, tn, epi_tn, out_dtype))
+  return common.run_padded(call, a, b, problem, out_dtype=out_dtype, exact_out=exact_out)
 
 
 def warp_specialized(a, b, problem, config, interpret: bool = False):
