@@ -73,10 +73,10 @@ def assert_close(out, ref, p: GemmProblem):
 # Small tiles for the interpreter: the two-consumer rungs need tile_m >= 128
 # (64 rows per consumer warpgroup); the others take 64.
 def small_config(variant: str, **overrides) -> PallasConfig:
-  two = variant in ("warp_specialized", "clusters")
+  two = variant in pallas._TWO_CONSUMERS
   kw = dict(tile_m=128 if two else 64, tile_n=64, tile_k=32, max_concurrent_steps=2,
             grid_group=2, epi_tile_n=32)
-  if variant == "clusters":
+  if variant in pallas._CLUSTERED:
     kw["cluster_m"] = 2
   kw.update(overrides)
   return PallasConfig(**kw)
@@ -109,7 +109,7 @@ def test_smem_overflow_is_a_clear_error_before_launch():
   p = problem(1, 4096, 4096, 4096)
   cfg = PallasConfig(tile_m=256, tile_n=256, tile_k=128, max_concurrent_steps=4)
   for variant in pallas.VARIANTS:
-    v_cfg = dataclasses.replace(cfg, cluster_m=2) if variant == "clusters" else cfg
+    v_cfg = dataclasses.replace(cfg, cluster_m=2) if variant in pallas._CLUSTERED else cfg
     with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory .* more than the 232448"):
       BACKEND.check(p, variant, v_cfg)
   # The same through the public API: raised before tracing anything.
@@ -249,7 +249,7 @@ def test_gpu_default_config_matches_reference(variant, trans, dtype):
 
 ws = importlib.import_module("jaxgemm.kernels.pallas.warp_specialized")
 common = importlib.import_module("jaxgemm.kernels.pallas.common")
-PERSISTENT = [v for v in ("warp_specialized", "clusters") if v in pallas.VARIANTS]
+PERSISTENT = [v for v in ("warp_specialized", "clusters", "stream_k") if v in pallas.VARIANTS]
 
 
 @pytest.mark.parametrize("valid,extent", [(v, e) for e in (8, 32, 64) for v in range(1, e + 1)])
@@ -301,6 +301,71 @@ def test_interpreter_exact_c_stores(variant, case):
   out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
   assert out.shape == p.out_shape
   assert_close(out, reference(a, b, p), p)
+
+
+# ---------------------------------------------------------------- stream-K
+
+def test_stream_k_plan():
+  # 8192x4096x14336 in 256x256 cluster tiles on the H200's 66 clusters.
+  sk = ws.plan_stream_k(tiles=1792, workers=66, k_iters=64)
+  assert (sk.dp_tiles, sk.sk_tiles, sk.units_per_tile) == (26 * 66, 76, 32)
+  assert sk.units_per_worker * sk.workers >= sk.sk_units             # every unit has a worker
+  assert sk.units_per_tile < sk.units_per_worker < 2 * sk.units_per_tile  # <= 2 workers a tile
+  assert ws.plan_stream_k(1024, 66, 128) is None     # 8192^3: split tiles 10% of the run
+  assert ws.plan_stream_k(1980, 66, 128) is None     # whole rounds
+  assert ws.plan_stream_k(1792, 66, 65) is None      # K steps not in pairs
+  assert ws.plan_stream_k(40, 66, 64) is None        # less than one round
+
+
+STREAM_K_CASES = [
+    # Cluster tiles of 128x128 on the interpreter's 3 clusters: (dp_tiles,
+    # sk_tiles) = (3, 4) and (0, 4); owners, contributors and whole tiles.
+    pytest.param((1, 128, 896, 128, False, False, jnp.bfloat16), id="NN-bf16-128x896x128"),
+    pytest.param((2, 128, 256, 128, True, True, jnp.float16), id="TT-fp16-b2-128x256x128"),
+    # C stored exact (N = 890) under the split.
+    pytest.param((1, 128, 890, 128, False, True, jnp.bfloat16), id="NT-bf16-128x890x128"),
+]
+
+
+@pytest.mark.parametrize("case", STREAM_K_CASES)
+def test_interpreter_stream_k(case, monkeypatch):
+  """Rung 5 with the split forced (small problems never meet its 5% rule), on
+  6 interpreted SMs: three clusters share the last round."""
+  monkeypatch.setattr(ws, "MAX_STREAM_K_SHARE", 1.0)
+  monkeypatch.setattr(common, "num_sms", lambda interpret: 6)
+  batch, m, n, k, ta, tb, dtype = case
+  p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
+  cfg = small_config("stream_k", cluster_m=1, cluster_n=2)
+  tiles = batch * common.cdiv(m, cfg.tile_m) * common.cdiv(n, 2 * cfg.tile_n)
+  assert ws.plan_stream_k(tiles, common.num_sms(True) // 2, k // cfg.tile_k) is not None
+  stream_k = importlib.import_module("jaxgemm.kernels.pallas.stream_k").stream_k
+  a, b = operands(p, seed=4)
+  out = jax.jit(lambda a, b: stream_k(a, b, p, cfg, interpret=True))(a, b)
+  assert_close(out, reference(a, b, p), p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,trans", [((1, 8192, 14336, 4096), (False, False)),
+                                         ((16, 2048, 4096, 512), (True, True))])
+def test_gpu_stream_k_matches_reference_and_is_deterministic(shape, trans):
+  if not on_gpu():
+    pytest.skip("needs an NVIDIA GPU")
+  p = problem(*shape, trans_a=trans[0], trans_b=trans[1])
+  cfg = BACKEND.default_config(p, "stream_k")
+  tiles = p.batch * common.cdiv(p.m, cfg.tile_m * cfg.cluster_m) * common.cdiv(
+      p.n, cfg.tile_n * cfg.cluster_n)
+  workers = common.num_sms(False) // 2
+  assert ws.plan_stream_k(tiles, workers, common.cdiv(p.k, cfg.tile_k)) is not None
+  f = jax.jit(lambda a, b: jaxgemm.matmul_p.bind(
+      a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
+      acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant="stream_k", config=cfg))
+  a, b = operands(p, seed=5)
+  out = f(a, b)
+  ref = jax.lax.dot_general(
+      a, b, (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,))),
+      preferred_element_type=jnp.float32)
+  assert_close(out, np.asarray(ref, np.float64), p)
+  assert np.array_equal(np.asarray(out), np.asarray(f(a, b)))   # the fixup's order is fixed
 
 
 @pytest.mark.parametrize("variant", pallas.VARIANTS)

@@ -9,6 +9,8 @@ Kernels live in `jaxgemm.kernels.pallas`, one module per rung:
    whose stores overlap the next tile's main loop.
 4. `clusters`: rung 3 on 2-CTA clusters; the operand tile both CTAs share is
    TMA-multicast to both.
+5. `stream_k`: rung 4 with the last tiles split along K between all
+   clusters, so the last round of the persistent grid is not left part idle.
 
 On `cuda` the kernels compile through Mosaic GPU (sm_90a); on `cpu` the very
 same kernels run in the Mosaic GPU interpreter (slow: small problems only).
@@ -27,9 +29,11 @@ from jaxgemm import registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
 from jaxgemm.registry import GemmProblem
 
-VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters")
+VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters", "stream_k")
 # Variants whose CTA tile is split along M between two consumer warpgroups.
-_TWO_CONSUMERS = ("warp_specialized", "clusters")
+_TWO_CONSUMERS = ("warp_specialized", "clusters", "stream_k")
+# Variants launched in 2-CTA clusters.
+_CLUSTERED = ("clusters", "stream_k")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
 _IN_DTYPES = (jnp.bfloat16, jnp.float16)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -127,9 +131,9 @@ class PallasBackend(registry.Backend):
                          f"warpgroups of >= 64 rows each: {tile_m=} must be >= 128")
       if tile_n % epi_tile_n != 0 and epi_tile_n < tile_n:
         raise ValueError(f"{tile_n=} must be divisible by {epi_tile_n=}")
-    if variant == "clusters":
+    if variant in _CLUSTERED:
       if config.cluster_m * config.cluster_n != 2:
-        raise ValueError(f"variant='clusters' runs 2-CTA clusters: exactly one of "
+        raise ValueError(f"variant={variant!r} runs 2-CTA clusters: exactly one of "
                          f"cluster_m={config.cluster_m}, cluster_n={config.cluster_n} "
                          f"must be 2")
     elif (config.cluster_m, config.cluster_n) != (1, 1):
@@ -178,7 +182,7 @@ class PallasBackend(registry.Backend):
     span = 128 // np.dtype(problem.dtype).itemsize
     tile_n = _pow2_at_least(n, span, tile_n)
     tile_k = _pow2_at_least(problem.k, span, tile_k)
-    cluster_m, cluster_n = 1, (2 if variant == "clusters" else 1)
+    cluster_m, cluster_n = 1, (2 if variant in _CLUSTERED else 1)
     config = PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                           max_concurrent_steps=stages, cluster_m=cluster_m,
                           cluster_n=cluster_n, epi_tile_n=min(64, tile_n))
@@ -189,14 +193,14 @@ class PallasBackend(registry.Backend):
     return config
 
   def tuning_candidates(self, problem: GemmProblem) -> list[tuple[str, PallasConfig]]:
-    """The top three rungs at their defaults, and clusters walking tiles M-minor.
+    """The top four rungs at their defaults, and clusters walking tiles M-minor.
 
     Which walk keeps more of A and B in L2 depends on the shape (the snake
     runs along N by default); the autotuner measures both.
     """
     out = [(v, self.default_config(problem, v))
-           for v in ("clusters", "warp_specialized", "pipelined")]
-    out.append(("clusters", dataclasses.replace(out[0][1], grid_minor_m=True)))
+           for v in ("stream_k", "clusters", "warp_specialized", "pipelined")]
+    out.append(("clusters", dataclasses.replace(out[1][1], grid_minor_m=True)))
     return out
 
   def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):

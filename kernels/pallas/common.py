@@ -167,6 +167,7 @@ def num_sms(interpret: bool) -> int:
 
   The interpreter simulates every CTA in turn on the CPU, so a persistent
   kernel there gets 2 CTAs: enough to exercise the tile loop's striding.
+  (The stream-K tests give it 6, three 2-CTA clusters to share a round.)
   """
   if interpret:
     return 2

@@ -39,6 +39,7 @@ now the default for M <= 128, measured in the sweep).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -53,10 +54,71 @@ EPI_TILE_M = 64          # epilogue piece rows: the wgmma accumulator's row bloc
 PRODUCER_REGISTERS = 40  # the TMA-issuing warpgroup needs almost none
 
 
-def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn: int,
-                      tk: int, stages: int, epi_tn: int, trans_a: bool, trans_b: bool,
-                      grid_minor_m: bool, grid_group: int, cluster_m: int = 1,
-                      cluster_n: int = 1, multicast: bool = True, exact_out: bool = False,
+@dataclasses.dataclass(frozen=True)
+class StreamK:
+  """Rung 5's work split: the last tiles cut along K and shared by every worker.
+
+  A worker is a cluster (one CTA per SM, so `workers` = SMs / cluster size).
+  The first `dp_tiles` tiles (whole rounds of `workers`) are data-parallel:
+  one worker computes a whole tile. The remaining `sk_tiles` (more than one
+  round's worth, less than two) are cut into units of two K steps, and
+  worker w computes units [w * units_per_worker, (w + 1) * units_per_worker)
+  in tile order. Since a worker's share is longer than a tile, a tile is
+  split between at most two workers: the "owner" holds its first K steps (at
+  the end of the owner's share), the "contributor" the rest (at the start of
+  its share, so the owner rarely waits). The contributor writes its partial
+  f32 sums to a workspace and signals; the owner waits, adds them and stores
+  the tile. Two terms in a fixed order: the result is deterministic.
+  """
+
+  workers: int
+  dp_tiles: int
+  sk_tiles: int
+  units_per_tile: int       # K steps / 2
+  units_per_worker: int
+
+  @property
+  def sk_units(self) -> int:
+    return self.sk_tiles * self.units_per_tile
+
+
+# Stream-K pays one extra tile epilogue and a partial's round trip through L2
+# per worker; below this share of a round saved it is not worth it.
+MIN_STREAM_K_SAVING = 0.1
+# The split tiles run slower than whole ones: workers at different K offsets
+# stop sharing operand tiles in L2. On the H200 the split paid only where its
+# tiles were a small share of the run (8192x4096x14336: 76 of 1792 tiles, 1.5%
+# faster than `clusters` in two runs) and lost where they were not (8192^3:
+# 100 of 1024, even; 8192x14336x4096: 116 of 512, 8% slower; 4096^3: 124 of
+# 256, 6% slower): bench/results/probes/pallas-2026-11-23/probe_stream_k.log
+# and probe_chain.log.
+MAX_STREAM_K_SHARE = 0.05
+
+
+def plan_stream_k(tiles: int, workers: int, k_iters: int) -> StreamK | None:
+  """The stream-K split of `tiles` on `workers`, or None to keep whole tiles.
+
+  A data-parallel grid of `tiles` runs ceil(tiles / workers) rounds; stream-K
+  runs tiles / workers (plus its overheads). 8192x4096x14336 in 256x256
+  cluster tiles on 66 clusters: 1792 tiles, 28 rounds where 27.2 would do.
+  """
+  rounds, left = divmod(tiles, workers)
+  if rounds == 0 or left == 0 or k_iters % 2 or k_iters < 4:
+    return None  # a partial round only, no partial round, or K steps not in pairs
+  dp_tiles = (rounds - 1) * workers
+  sk_tiles = tiles - dp_tiles
+  if 1 - left / workers < MIN_STREAM_K_SAVING or sk_tiles > MAX_STREAM_K_SHARE * tiles:
+    return None
+  units_per_tile = k_iters // 2
+  return StreamK(workers, dp_tiles, sk_tiles, units_per_tile,
+                 common.cdiv(sk_tiles * units_per_tile, workers))
+
+
+def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: int,
+                      tn: int, tk: int, stages: int, epi_tn: int, trans_a: bool,
+                      trans_b: bool, grid_minor_m: bool, grid_group: int,
+                      cluster_m: int = 1, cluster_n: int = 1, multicast: bool = True,
+                      exact_out: bool = False, stream_k: StreamK | None = None,
                       interpret: bool = False):
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
   half = tm // 2                     # rows per consumer warpgroup
@@ -65,29 +127,31 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
   m_tiles, n_tiles = common.cdiv(dims.m, tm), common.cdiv(dims.n, tn)
   m_cl_tiles = common.cdiv(m_tiles, cluster_m)
   n_cl_tiles = common.cdiv(n_tiles, cluster_n)
-  clustered = cluster_m * cluster_n > 1
+  cluster = cluster_m * cluster_n
   a_shape, a_index = common.a_block_spec_args(tm, tk, trans_a)
   b_shape, b_index = common.b_block_spec_args(tk, tn, trans_b)
   # One wgmma in flight across K steps needs a stage released one step late;
   # with a single K step there is nothing to overlap, and a late release
   # across back-to-back tiles completed a barrier phase twice (seen in the
   # interpreter: "Barrier arrival was completed again", then a hang).
+  # (Stream-K segments are whole pairs of K steps, never a single one.)
   delay = 1 if k_iters > 1 else 0
 
-  def make_pipeline(body, compute_context):
-    # The pipeline walks K over refs already sliced to the tile's rows of A
-    # and columns of B (`tile_operands`), hence block index 0 along M and N.
+  def make_pipeline(body, compute_context, k_start=0, k_steps=k_iters):
+    # The pipeline walks K steps [k_start, +k_steps) over refs already sliced
+    # to the tile's rows of A and columns of B (`tile_operands`), hence block
+    # index 0 along M and N. `k_steps` may be traced (stream-K segments).
     return plgpu.emit_pipeline_warp_specialized(
         body,
-        grid=(k_iters,),
+        grid=(k_steps,),
         memory_registers=PRODUCER_REGISTERS,
         in_specs=[
             # CTAs of a cluster along N share A's tile: TMA multicasts it.
-            plgpu.BlockSpec(a_shape, lambda ki: a_index(0, ki),
+            plgpu.BlockSpec(a_shape, lambda ki: a_index(0, k_start + ki),
                             transforms=common.smem_transforms(a_shape[1], dtype),
                             memory_space=plgpu.SMEM, delay_release=delay,
                             collective_axes=("cluster",) if multicast and cluster_n > 1 else ()),
-            plgpu.BlockSpec(b_shape, lambda ki: b_index(0, ki),
+            plgpu.BlockSpec(b_shape, lambda ki: b_index(0, k_start + ki),
                             transforms=common.smem_transforms(b_shape[1], dtype),
                             memory_space=plgpu.SMEM, delay_release=delay,
                             collective_axes=("cluster",) if multicast and cluster_m > 1 else ()),
@@ -124,12 +188,13 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
   )
   def _scope(pipeline_allocs, out_smem):
     wg = lax.axis_index("wg")
-    cta = lax.axis_index("cluster") if clustered else 0
-    grid_axis = "cluster_grid" if clustered else "sm"
+    cta = lax.axis_index("cluster") if cluster > 1 else 0
+    grid_axis = "cluster_grid" if cluster > 1 else "sm"
 
-    @plgpu.nd_loop((dims.batch * m_cl_tiles * n_cl_tiles,), collective_axes=grid_axis)
-    def _tile_loop(loop_info):
-      (lin,) = loop_info.index
+    def run_tile(lin, finish, k_start=0, k_steps=k_iters):
+      """Accumulates K steps [k_start, +k_steps) of cluster tile `lin`, then
+      hands each consumer's f32 rows to `finish(acc, store)`, where `store(acc)`
+      is the tile's epilogue into C."""
       bi, mc, nc = common.tile_coords(lin, m_cl_tiles, n_cl_tiles, dims.batch,
                                       grid_minor_m, grid_group)
       mi = mc * cluster_m + (cta if cluster_m > 1 else 0)
@@ -155,47 +220,128 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *, dims: common.Dims, tm: int, tn:
         plgpu.wgmma_wait(delay)
         return acc_ref
 
+      def store(acc, partial=None):
+        """The epilogue: this consumer's rows of the tile, in (64, epi_tn)
+        pieces, into C; `partial(rows, cols)` adds another worker's sums."""
+        row0 = m_start + wg * half
+        piece = 0
+        for em in range(half // EPI_TILE_M):
+          for en in range(tn // epi_tn):
+            rows = pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M)
+            cols = pl.ds(n_start + en * epi_tn, epi_tn)
+            local = (slice(em * EPI_TILE_M, (em + 1) * EPI_TILE_M),
+                     slice(en * epi_tn, (en + 1) * epi_tn))
+            acc_piece = acc[local]
+            if partial is not None:   # piece by piece: a whole partial would spill
+              acc_piece = partial(acc_piece, *local)
+            acc_piece = acc_piece.astype(out_dtype)
+            if exact_out:
+              out_smem[wg] = acc_piece
+              row_cases = [(mi < m_tiles - 1, EPI_TILE_M)] + [
+                  ((mi == m_tiles - 1) & (wg == w), rows_left)
+                  for w, rows_left in enumerate(last_tile_rows(dims.m, tm, em))]
+              col_cases = [(ni < n_tiles - 1, epi_tn),
+                           (ni == n_tiles - 1, last_tile_cols(dims.n, tn, epi_tn, en))]
+              store_exact(out_smem.at[wg], c_gmem.at[bi], row0 + em * EPI_TILE_M,
+                          n_start + en * epi_tn, row_cases, col_cases, owns_tile,
+                          store_vector_size(dims.n, epi_tn, out_dtype), interpret)
+              continue
+            slot = piece % 2
+            piece += 1
+            # The slot's previous store (two pieces back, maybe from the
+            # previous tile) must have read SMEM before we overwrite it.
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            out_smem[wg, slot] = acc_piece
+            plgpu.commit_smem()
+
+            @pl.when(owns_tile)
+            def _store():
+              plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], c_gmem.at[bi, rows, cols])
+
       def compute_context(eval_pipeline):
         @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((half, tn), jnp.float32))
         def _acc_scope(acc_ref):
           eval_pipeline(acc_ref)
-          acc = acc_ref[...].astype(out_dtype)
-          row0 = m_start + wg * half
-          piece = 0
-          for em in range(half // EPI_TILE_M):
-            for en in range(tn // epi_tn):
-              rows = pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M)
-              cols = pl.ds(n_start + en * epi_tn, epi_tn)
-              acc_piece = acc[em * EPI_TILE_M:(em + 1) * EPI_TILE_M,
-                              en * epi_tn:(en + 1) * epi_tn]
-              if exact_out:
-                out_smem[wg] = acc_piece
-                row_cases = [(mi < m_tiles - 1, EPI_TILE_M)] + [
-                    ((mi == m_tiles - 1) & (wg == w), rows_left)
-                    for w, rows_left in enumerate(last_tile_rows(dims.m, tm, em))]
-                col_cases = [(ni < n_tiles - 1, epi_tn),
-                             (ni == n_tiles - 1, last_tile_cols(dims.n, tn, epi_tn, en))]
-                store_exact(out_smem.at[wg], c_gmem.at[bi], row0 + em * EPI_TILE_M,
-                            n_start + en * epi_tn, row_cases, col_cases, owns_tile,
-                            store_vector_size(dims.n, epi_tn, out_dtype), interpret)
-                continue
-              slot = piece % 2
-              piece += 1
-              # The slot's previous store (two pieces back, maybe from the
-              # previous tile) must have read SMEM before we overwrite it.
-              plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-              out_smem[wg, slot] = acc_piece
-              plgpu.commit_smem()
+          finish(acc_ref[...], store, owns_tile)
 
-              @pl.when(owns_tile)
-              def _store():
-                plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], c_gmem.at[bi, rows, cols])
-
-      make_pipeline(mma, compute_context)(
+      make_pipeline(mma, compute_context, k_start, k_steps)(
           *tile_operands(bi, m_start, n_start), allocations=pipeline_allocs)
+
+    whole_tile = lambda acc, store, owns_tile: store(acc)
+    total_tiles = dims.batch * m_cl_tiles * n_cl_tiles
+    dp_tiles = stream_k.dp_tiles if stream_k else total_tiles
+    if dp_tiles:
+      @plgpu.nd_loop((dp_tiles,), collective_axes=grid_axis)
+      def _tile_loop(loop_info):
+        (lin,) = loop_info.index
+        run_tile(lin, whole_tile)
+
+    if stream_k:
+      stream_k_tail(run_tile, stream_k, partials[0], lax.axis_index(grid_axis),
+                    cta, wg, cluster, interpret)
 
   # Every store must land before the kernel exits.
   plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def stream_k_tail(run_tile, sk: StreamK, partials_gmem, worker, cta, wg, cluster: int,
+                  interpret: bool):
+  """This worker's share of the stream-K tiles: at most three segments
+  (the end of one tile, a whole tile, the start of another).
+
+  The contributor of a tile is always the owner's successor, and each worker
+  contributes at most once (its first segment), so the workspace holds one
+  partial per (CTA, consumer) and one GMEM semaphore each, signalled once and
+  reset by the owner's decrementing wait. The Mosaic GPU interpreter (jax
+  0.10.2) allocates no semaphores and runs the grid's clusters one after
+  another: there workers are numbered backwards, so every contributor has
+  finished before its owner starts.
+  """
+  i32 = jnp.int32
+  if interpret:
+    worker = sk.workers - 1 - worker
+  else:
+    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((sk.workers * cluster * 2,)))
+  me = worker * cluster + cta                             # this CTA's workspace slot
+  successor = jnp.minimum(worker + 1, sk.workers - 1) * cluster + cta
+  start = worker * sk.units_per_worker
+  end = jnp.minimum(start + sk.units_per_worker, sk.sk_units)
+  seg_start = start
+  for _ in range(3):
+    tile, unit = seg_start // sk.units_per_tile, seg_start % sk.units_per_tile
+    units = jnp.minimum(sk.units_per_tile - unit, end - seg_start)
+    is_contributor = unit > 0                             # holds the tile's last K steps
+    is_owner = (unit == 0) & (units < sk.units_per_tile)  # holds its first K steps
+
+    def finish(acc, store, owns_tile, is_contributor=is_contributor, is_owner=is_owner):
+      @pl.when(is_contributor & owns_tile)
+      def _contribute():
+        for r in range(0, acc.shape[0], EPI_TILE_M):   # in row blocks, as the epilogue
+          partials_gmem[me, wg, r:r + EPI_TILE_M] = acc[r:r + EPI_TILE_M]
+        if not interpret:
+          pl.semaphore_signal(sems.at[me * 2 + wg])
+
+      adds = is_owner & owns_tile
+      if not interpret:
+        @pl.when(adds)
+        def _wait():
+          pl.semaphore_wait(sems.at[successor * 2 + wg], 1)
+
+      def add_partial(piece, rows, cols):
+        ref = partials_gmem.at[successor, wg, rows, cols]
+        load = (lambda: ref[...]) if interpret else (
+            lambda: plgpu.load(ref, (), optimized=False))   # GMEM: no conflict-free plan
+        return lax.cond(adds, lambda: piece + load(), lambda: piece)
+
+      @pl.when(~is_contributor)
+      def _store():
+        store(acc, add_partial)
+
+    @pl.when(units > 0)
+    def _segment(tile=tile, unit=unit, units=units, finish=finish):
+      run_tile(sk.dp_tiles + tile, finish, k_start=2 * unit, k_steps=2 * units)
+
+    seg_start = seg_start + jnp.maximum(units, i32(0))
 
 
 def store_vector_size(n: int, epi_tn: int, dtype) -> int:
@@ -277,40 +423,51 @@ def store_exact(stage_smem, c_gmem, row0, col0, row_cases, col_cases, owns_tile,
 
 
 def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
-                    cluster_n: int = 1):
-  """Launches `persistent_kernel` on min(SMs, tiles) CTAs (in clusters)."""
+                    cluster_n: int = 1, stream_k: bool = False):
+  """Launches `persistent_kernel` on min(SMs, tiles) CTAs (in clusters).
+
+  stream_k: split the last tiles along K between all workers (rung 5) when
+  `plan_stream_k` finds it worth it; otherwise every tile is whole.
+  """
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   out_dtype = jnp.dtype(problem.out_dtype)
   epi_tn = min(config.epi_tile_n, tn)
   cluster = cluster_m * cluster_n
 
   def call(a, b, dims):
-    stages = max(2, min(config.max_concurrent_steps, common.cdiv(dims.k, tk)))
+    k_iters = common.cdiv(dims.k, tk)
+    stages = max(2, min(config.max_concurrent_steps, k_iters))
+    cluster_tiles = (dims.batch * common.cdiv(dims.m, tm * cluster_m)
+                     * common.cdiv(dims.n, tn * cluster_n))
+    grid = max(1, min(common.num_sms(interpret) // cluster, cluster_tiles))
+    schedule = plan_stream_k(cluster_tiles, grid, k_iters) if stream_k else None
     body = functools.partial(
         persistent_kernel, dims=dims, tm=tm, tn=tn, tk=tk, stages=stages, epi_tn=epi_tn,
         trans_a=problem.trans_a, trans_b=problem.trans_b,
         grid_minor_m=config.grid_minor_m, grid_group=config.grid_group,
         cluster_m=cluster_m, cluster_n=cluster_n, exact_out=exact_out,
-        interpret=interpret,
+        stream_k=schedule, interpret=interpret,
         # The 0.10.2 interpreter cannot allocate the cluster barriers that
         # multicast needs; there each CTA of the cluster loads its own copy
         # of the shared tile (the cluster's tile walk is the same).
         multicast=not interpret)
-    cluster_tiles = (dims.batch * common.cdiv(dims.m, tm * cluster_m)
-                     * common.cdiv(dims.n, tn * cluster_n))
-    grid = max(1, min(common.num_sms(interpret) // cluster, cluster_tiles))
     mesh = (dict(grid=(grid,), grid_names=("cluster_grid",), cluster=(cluster,),
                  cluster_names=("cluster",))
             if cluster > 1 else dict(grid=(grid,), grid_names=("sm",)))
-    return plgpu.kernel(
+    out_type = jax.ShapeDtypeStruct((dims.batch, dims.m, dims.n), out_dtype)
+    if schedule:
+      # One f32 partial tile per (CTA, consumer warpgroup): the stream-K workspace.
+      out_type = (out_type, jax.ShapeDtypeStruct((grid * cluster, 2, tm // 2, tn), jnp.float32))
+    out = plgpu.kernel(
         body,
-        out_type=jax.ShapeDtypeStruct((dims.batch, dims.m, dims.n), out_dtype),
+        out_type=out_type,
         num_threads=3,          # two consumer warpgroups + the producer
         thread_name="wg",
         compiler_params=common.compiler_params(),
         interpret=common.interpret_params() if interpret else None,
         **mesh,
     )(a, b)
+    return out[0] if schedule else out
 
   exact_out = (common.stores_exact(problem, out_dtype)
                and exact_store_fits(problem.m, problem.n, tm, tn, epi_tn, out_dtype))
