@@ -23,18 +23,18 @@ What it adds over `pipelined`:
   from 3.65x to 4.15x (H200, jax 0.11.2, CUPTI median of 20, XLA's dot in the
   same process: bench/results/probes/pallas-2026-11-23/probe_exact.log).
 
-The kernel body also takes a cluster shape, which rung 4 (`clusters`) uses;
-here it is 1x1.
+The kernel body also takes a cluster shape, which rung 4 (`clusters`) uses,
+and a `StreamK` split of the last tiles, which rung 5 (`stream_k`) uses; here
+they are 1x1 and none.
 
 Measured before the exact stores (H200, jax 0.11.2, default configs, CUPTI
 median of 20, bf16, `bench/pallas_probe.py all` run 3:
 bench/results/probes/h200-pallas-ladder-2026-11-22-probe3.log; XLA's dot in
-the same process): 8192^3
-797.0 TFLOP/s (0.98x XLA), 4096^3 786.0 (0.98x), 4095x4097x4093 456.8
-(2.89x), 8192x4096x14336 777.3 (0.95x), 8192x14336x4096 807.5 (0.99x),
-A^T B 4096^3 789.5 (1.00x), A B^T 4096^3 774.7 (0.97x), 128x8192x8192 420.3
-(0.98x with 128x128x64 in 6 stages; 464.8, 1.08x, with the 128x64x128 tiles
-now the default for M <= 128, measured in the sweep).
+the same process): 8192^3 797.0 TFLOP/s (0.98x XLA), 4096^3 786.0 (0.98x),
+4095x4097x4093 456.8 (2.89x), 8192x4096x14336 777.3 (0.95x), 8192x14336x4096
+807.5 (0.99x), A^T B 4096^3 789.5 (1.00x), A B^T 4096^3 774.7 (0.97x),
+128x8192x8192 420.3 (0.98x with 128x128x64 in 6 stages; 464.8, 1.08x, with the
+128x64x128 tiles now the default for M <= 128, measured in the sweep).
 """
 
 from __future__ import annotations
