@@ -1,6 +1,6 @@
-"""CPU repro: the ring kernel (`ring_warp_specialized.py`) hangs in the Mosaic GPU interpreter.
+"""CPU repro: the ring kernel (`ring.patch`) hangs in the Mosaic GPU interpreter.
 
-Copy `ring_warp_specialized.py` over `kernels/pallas/warp_specialized.py`, then
+`git apply bench/results/probes/pallas-2026-11-23b/ring.patch`, then
   PYTHONPATH=$PWD .venv/bin/python bench/results/probes/pallas-2026-11-23b/interp_hang_repro.py sk 896 N
 (`sk`: stream_k forced on 6 interpreted SMs, as tests/test_pallas.py's
 test_interpreter_stream_k; `cl`: clusters only; then N and T or N for trans_b).

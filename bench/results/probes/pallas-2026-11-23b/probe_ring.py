@@ -1,11 +1,11 @@
 """Probe (GPU): the persistent rungs with one TMA ring across all of a CTA's tiles
-(`ring_warp_specialized.py` beside this script, then in the working tree's
+(`ring.patch` beside this script, then applied to the working tree's
 `kernels/pallas/warp_specialized.py`) against per-tile
 `emit_pipeline_warp_specialized` pipelines (the kernel in main at eb1d282, copied
 to an untracked `scratch/old_ws.py`), and XLA's dot.
 
-To run it again: copy `ring_warp_specialized.py` over
-`kernels/pallas/warp_specialized.py` and main's version to `scratch/old_ws.py`.
+To run it again: copy main's `kernels/pallas/warp_specialized.py` to
+`scratch/old_ws.py`, then `git apply bench/results/probes/pallas-2026-11-23b/ring.patch`.
 The ring was not landed: see this directory's README.
 
 C: correctness of the new kernel, rungs 3-5, odd shapes, transposes, batches,
