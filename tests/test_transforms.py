@@ -128,29 +128,29 @@ VJP_EXACT = [
     (np.float32, None), (np.float32, lax.Precision.HIGHEST), (jnp.bfloat16, None),
     (np.float16, None)], ids=["f32", "f32-highest", "bf16", "f16"])
 @pytest.mark.parametrize("shapes", VJP_EXACT)
-def test_vjp_exactly_like_lax_xla(shapes, dtype, precision, rng):
-  """xla backend: outputs and cotangents bit-identical to lax.dot_general's.
+def test_vjp_like_lax_xla(shapes, dtype, precision, rng):
+  """xla backend: the same output as lax.dot_general's, and the same cotangents
+  up to summation order (see `_assert_same_sums`).
 
-  Only layouts whose GEMMs reduce in the same order as lax's; broadcast
-  batches (summed inside our GEMM, after it in jnp) are in test_vjp_against_float64.
+  Only layouts whose GEMMs sum the same products as lax's; broadcast batches
+  (summed inside our GEMM, after it in jnp) are in test_vjp_against_float64.
   """
   a_shape, b_shape, dims = shapes
+  lax_dot = lambda a, b: lax.dot_general(a, b, dims, precision=precision)
   a = random_array(rng, a_shape, dtype)
   b = random_array(rng, b_shape, dtype)
   out, f_vjp = jax.vjp(_dg_xla(dims, precision), a, b)
-  want, want_vjp = jax.vjp(lambda a, b: lax.dot_general(a, b, dims, precision=precision), a, b)
+  want, want_vjp = jax.vjp(lax_dot, a, b)
   ct = random_array(rng, out.shape, out.dtype)
   np.testing.assert_array_equal(out, want)
-  for got, exp in zip(f_vjp(ct), want_vjp(ct)):
-    assert got.dtype == exp.dtype and got.shape == exp.shape
-    np.testing.assert_array_equal(got, exp)
+  _assert_same_cotangents(lax_dot, a, b, ct, f_vjp(ct), want_vjp(ct))
 
 
 def _dg_xla(dims, precision):
   return lambda a, b: jaxgemm.dot_general(a, b, dims, precision=precision, backend="xla")
 
 
-def test_vjp_exactly_like_jnp_matmul_xla(rng):
+def test_vjp_like_jnp_matmul_xla(rng):
   for a_shape, b_shape in [((7, 33), (33, 65)), ((33,), (33, 65)), ((7, 33), (33,)),
                            ((3, 7, 33), (3, 33, 65))]:
     a = random_array(rng, a_shape, np.float32)
@@ -159,8 +159,35 @@ def test_vjp_exactly_like_jnp_matmul_xla(rng):
     want, want_vjp = jax.vjp(jnp.matmul, a, b)
     ct = random_array(rng, out.shape, out.dtype)
     np.testing.assert_array_equal(out, want)
-    for got, exp in zip(f_vjp(ct), want_vjp(ct)):
-      np.testing.assert_array_equal(got, exp)
+    _assert_same_cotangents(jnp.matmul, a, b, ct, f_vjp(ct), want_vjp(ct))
+
+
+def _assert_same_cotangents(fn, a, b, ct, got, want):
+  """Cotangents `got` equal lax's `want` up to the order of their sums.
+
+  Not bit for bit: XLA:CPU picks its dot kernel per operand layout and CPU,
+  and lax transposes the product it computes where we ask for the transposed
+  product directly. On CI's machine (run of 2026-11-23) the two differed by up
+  to 4.8e-7 at values near 2.5, only in the last of 65 columns: a vector
+  loop's remainder, rounded differently. Two f32 sums of the same `terms`
+  products, in any order, are each within terms * 2^-24 * (|x| @ |y|) of the
+  exact sum (Higham, Accuracy and Stability, eq. 3.5, to first order), and
+  each is then rounded to its dtype (half an ulp); a wrong operand, flag or
+  transpose is off by O(|x| @ |y|) and fails.
+  """
+  terms = max(*a.shape, *b.shape)        # bounds each backward GEMM's K
+  with jax.enable_x64(True):
+    abs64 = lambda x: jnp.abs(jnp.asarray(as_f64(x)))
+    _, bound_vjp = jax.vjp(fn, abs64(a), abs64(b))
+    bounds = [np.asarray(x) for x in bound_vjp(abs64(ct))]
+  for g, w, bound in zip(got, want, bounds):
+    assert g.dtype == w.dtype and g.shape == w.shape
+    finfo = jnp.finfo(g.dtype)
+    limit = 2 * (terms * 2.0**-24 + float(finfo.eps) / 2) * bound + float(finfo.smallest_subnormal)
+    err = np.abs(as_f64(g) - as_f64(w))
+    assert np.all(err <= limit), (f"{np.sum(err > limit)} of {err.size} cotangent elements "
+                                  f"differ from lax's by more than summation order explains; "
+                                  f"worst {err.max():.3g}")
 
 
 VJP_CASES = [
