@@ -1,14 +1,23 @@
 """Rung 3, `warp_specialized`: persistent, a producer and two consumer warpgroups.
 
 What it adds over `pipelined`:
-* Warp specialization (`plgpu.emit_pipeline_warp_specialized`): a producer
-  warpgroup with its registers cut to 40 does nothing but issue TMA loads
-  into a `max_concurrent_steps`-deep ring; two consumer warpgroups each own
-  half of the CTA tile's rows (tile_m / 2 x tile_n, an f32 accumulator of
-  128 registers per thread at 256x128) and run wgmma on the shared B tile.
-  Each keeps one wgmma in flight (`delay_release=1` + `wgmma_wait(1)`).
-* Persistence: a grid of one CTA per SM (`nd_loop` over the tiles of every
-  batch), so launch cost and the SMEM setup are paid once and the next tile's
+* Warp specialization: a producer warpgroup with its registers cut to 40
+  does nothing but issue TMA loads into a `max_concurrent_steps`-deep ring of
+  SMEM slots; two consumer warpgroups (232 registers each) each own half of
+  the CTA tile's rows (tile_m / 2 x tile_n, an f32 accumulator of 128
+  registers per thread at 256x128) and run wgmma on the shared B tile, one
+  wgmma in flight (`wgmma_wait(1)`: a slot goes back to the producer one K
+  step after its wgmma was issued).
+* One ring across all of a CTA's tiles, on hand-written mbarriers (`loaded`:
+  both copies landed; `consumed`: both consumers are done with the slot): the
+  producer fetches the next tile's first blocks while this tile's last
+  wgmmas and its epilogue run. Per-tile `emit_pipeline_warp_specialized`
+  pipelines, which this replaced, drain the producer at every tile: the ring
+  took 4095x4097x4093 from 248.6 to 235.3 us (3.50x to 3.69x XLA) and the
+  aligned shapes 0-0.5% further (H200, jax 0.11.2, CUPTI median of 20, XLA's
+  dot in the same process: bench/results/probes/pallas-2026-11-23b/probe_ring.log).
+* Persistence: a grid of one CTA per SM, each looping over its share of the
+  tiles of every batch, so launch cost and the SMEM setup are paid once and the next tile's
   loads start while the last one's epilogue runs.
 * An L2-friendly tile order (`common.tile_coords`: bands of `grid_group`
   tiles walked in a snake), so CTAs in flight share A rows and B columns.
@@ -52,6 +61,8 @@ from jaxgemm.kernels.pallas import common
 
 EPI_TILE_M = 64          # epilogue piece rows: the wgmma accumulator's row block
 PRODUCER_REGISTERS = 40  # the TMA-issuing warpgroup needs almost none
+# What is left of the 64K registers, shared by the consumers (a multiple of 8).
+CONSUMER_REGISTERS = (512 - PRODUCER_REGISTERS) // 2 // 8 * 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +127,7 @@ def plan_stream_k(tiles: int, workers: int, k_iters: int) -> StreamK | None:
 
 def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: int,
                       tn: int, tk: int, stages: int, epi_tn: int, trans_a: bool,
-                      trans_b: bool, grid_minor_m: bool, grid_group: int,
+                      trans_b: bool, grid_minor_m: bool, grid_group: int, workers: int,
                       cluster_m: int = 1, cluster_n: int = 1, multicast: bool = True,
                       exact_out: bool = False, stream_k: StreamK | None = None,
                       interpret: bool = False):
@@ -128,48 +139,33 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
   m_cl_tiles = common.cdiv(m_tiles, cluster_m)
   n_cl_tiles = common.cdiv(n_tiles, cluster_n)
   cluster = cluster_m * cluster_n
-  a_shape, a_index = common.a_block_spec_args(tm, tk, trans_a)
-  b_shape, b_index = common.b_block_spec_args(tk, tn, trans_b)
-  # One wgmma in flight across K steps needs a stage released one step late;
-  # with a single K step there is nothing to overlap, and a late release
-  # across back-to-back tiles completed a barrier phase twice (seen in the
-  # interpreter: "Barrier arrival was completed again", then a hang).
-  # (Stream-K segments are whole pairs of K steps, never a single one.)
-  delay = 1 if k_iters > 1 else 0
+  # CTAs of a cluster along N share A's tile, along M B's: TMA multicasts it.
+  a_collective = ("cluster",) if multicast and cluster_n > 1 else ()
+  b_collective = ("cluster",) if multicast and cluster_m > 1 else ()
+  worker = lax.axis_index("cluster_grid" if cluster > 1 else "sm")
+  cta = lax.axis_index("cluster") if cluster > 1 else 0
 
-  def make_pipeline(body, compute_context, k_start=0, k_steps=k_iters):
-    # The pipeline walks K steps [k_start, +k_steps) over refs already sliced
-    # to the tile's rows of A and columns of B (`tile_operands`), hence block
-    # index 0 along M and N. `k_steps` may be traced (stream-K segments).
-    return plgpu.emit_pipeline_warp_specialized(
-        body,
-        grid=(k_steps,),
-        memory_registers=PRODUCER_REGISTERS,
-        in_specs=[
-            # CTAs of a cluster along N share A's tile: TMA multicasts it.
-            plgpu.BlockSpec(a_shape, lambda ki: a_index(0, k_start + ki),
-                            transforms=common.smem_transforms(a_shape[1], dtype),
-                            memory_space=plgpu.SMEM, delay_release=delay,
-                            collective_axes=("cluster",) if multicast and cluster_n > 1 else ()),
-            plgpu.BlockSpec(b_shape, lambda ki: b_index(0, k_start + ki),
-                            transforms=common.smem_transforms(b_shape[1], dtype),
-                            memory_space=plgpu.SMEM, delay_release=delay,
-                            collective_axes=("cluster",) if multicast and cluster_m > 1 else ()),
-        ],
-        wg_axis="wg",
-        num_compute_wgs=2,
-        max_concurrent_steps=stages,
-        compute_context=compute_context,
-    )
+  def tile_origin(lin):
+    """(batch, M tile, N tile, whether this CTA stores it) of cluster tile `lin`."""
+    bi, mc, nc = common.tile_coords(lin, m_cl_tiles, n_cl_tiles, dims.batch,
+                                    grid_minor_m, grid_group)
+    mi = mc * cluster_m + (cta if cluster_m > 1 else 0)
+    ni = nc * cluster_n + (cta if cluster_n > 1 else 0)
+    # With an odd tile count along the cluster axis, the last cluster's
+    # second CTA has no tile. It recomputes its partner's tile and stores
+    # nothing: on the H200, a CTA whose B box lay wholly past the array
+    # (trans_b, N <= tile_n) corrupted its partner's result (relative error
+    # ~1 on 33x40x24; bench/results/probes/pallas-2026-11-22-s3/probe_b.log).
+    owns_tile = (mi < m_tiles) & (ni < n_tiles)
+    return bi, jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1), owns_tile
 
-  def tile_operands(bi, m_start, n_start):
-    """A's rows [m_start, +tm) and B's columns [n_start, +tn) of batch bi, as stored."""
-    a_rows, b_cols = pl.ds(m_start, tm), pl.ds(n_start, tn)
-    a_tile = a_gmem.at[bi, :, a_rows] if trans_a else a_gmem.at[bi, a_rows, :]
-    b_tile = b_gmem.at[bi, b_cols, :] if trans_b else b_gmem.at[bi, :, b_cols]
-    return a_tile, b_tile
+  def k_blocks(bi, mi, ni, ki):
+    """A's (tm, tk) and B's (tk, tn) blocks of K step `ki`, as stored."""
+    rows, cols, ks = pl.ds(mi * tm, tm), pl.ds(ni * tn, tn), pl.ds(ki * tk, tk)
+    a_block = a_gmem.at[bi, ks, rows] if trans_a else a_gmem.at[bi, rows, ks]
+    b_block = b_gmem.at[bi, cols, ks] if trans_b else b_gmem.at[bi, ks, cols]
+    return a_block, b_block
 
-  ignore = lambda *_, **__: None
   if exact_out:
     # Plain stores from a row-major staging slot per consumer warpgroup
     # (no TMA, so no swizzle and no second slot in flight).
@@ -177,48 +173,72 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
   else:
     # Two swizzled TMA-store slots per consumer warpgroup.
     out_smem_type = common.out_smem_type(EPI_TILE_M, epi_tn, out_dtype, 2, 2)
+  # A slot is free again once both consumers of every CTA it was multicast
+  # into have read it.
+  consumed_type = (functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
+                   if a_collective or b_collective else plgpu.Barrier)
 
   @functools.partial(
       pl.run_scoped,
-      # Allocated once for all tiles: the ring of A/B stages and barriers...
-      pipeline_allocs=make_pipeline(ignore, ignore).get_allocations(*tile_operands(0, 0, 0)),
+      # Allocated once for all tiles: the `stages`-deep ring of A and B
+      # blocks with its two barrier arrays...
+      a_smem=common.a_smem_type(tm, tk, dtype, trans_a, stages),
+      b_smem=common.b_smem_type(tk, tn, dtype, trans_b, stages),
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),   # A's and B's copies
+      consumed=consumed_type(num_arrivals=2, num_barriers=stages),  # both consumers
       # ...and the epilogue's staging slots.
       out_smem=out_smem_type,
       collective_axes="wg",
   )
-  def _scope(pipeline_allocs, out_smem):
+  def _scope(a_smem, b_smem, loaded, consumed, out_smem):
     wg = lax.axis_index("wg")
-    cta = lax.axis_index("cluster") if cluster > 1 else 0
-    grid_axis = "cluster_grid" if cluster > 1 else "sm"
+    sems = None
+    if stream_k and not interpret:
+      # One GMEM semaphore per (CTA, consumer): "my partial is written".
+      sems = pl.get_global(plgpu.SemaphoreType.REGULAR((stream_k.workers * cluster * 2,)))
 
-    def run_tile(lin, finish, k_start=0, k_steps=k_iters):
-      """Accumulates K steps [k_start, +k_steps) of cluster tile `lin`, then
-      hands each consumer's f32 rows to `finish(acc, store)`, where `store(acc)`
-      is the tile's epilogue into C."""
-      bi, mc, nc = common.tile_coords(lin, m_cl_tiles, n_cl_tiles, dims.batch,
-                                      grid_minor_m, grid_group)
-      mi = mc * cluster_m + (cta if cluster_m > 1 else 0)
-      ni = nc * cluster_n + (cta if cluster_n > 1 else 0)
-      # With an odd tile count along the cluster axis, the last cluster's
-      # second CTA has no tile. It recomputes its partner's tile and stores
-      # nothing: on the H200, a CTA whose B box lay wholly past the array
-      # (trans_b, N <= tile_n) corrupted its partner's result (relative error
-      # ~1 on 33x40x24; bench/results/probes/pallas-2026-11-22-s3/probe_b.log).
-      owns_tile = (mi < m_tiles) & (ni < n_tiles)
-      mi, ni = jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1)
+    # The ring runs across tiles: the producer fetches K step `step` (counted
+    # over all of this CTA's tiles) into slot step % stages as soon as the
+    # consumers have released that slot, so the next tile's first blocks load
+    # while this tile's last wgmmas and its epilogue run.
+    def load_blocks(lin, k_start, k_steps, step, finish):
+      del finish
+      bi, mi, ni, _ = tile_origin(lin)
+
+      @pl.loop(0, k_steps)
+      def _k_step(ki):
+        slot = lax.rem(step + ki, stages)
+
+        @pl.when(step + ki >= stages)
+        def _wait_free():
+          plgpu.barrier_wait(consumed.at[slot])
+
+        a_block, b_block = k_blocks(bi, mi, ni, k_start + ki)
+        plgpu.copy_gmem_to_smem(a_block, a_smem.at[slot], loaded.at[slot],
+                                collective_axes=a_collective)
+        plgpu.copy_gmem_to_smem(b_block, b_smem.at[slot], loaded.at[slot],
+                                collective_axes=b_collective)
+
+    def wait_released(first, end):
+      """Waits until the consumers have released ring steps [first, end)."""
+      @pl.loop(first, end)
+      def _wait(s):
+        plgpu.barrier_wait(consumed.at[lax.rem(s, stages)])
+
+    def compute_tile(lin, k_start, k_steps, step, finish):
+      """Accumulates K steps [k_start, +k_steps) of cluster tile `lin` from
+      ring position `step` on, then hands this consumer's f32 rows to
+      `finish(acc, store, owns_tile)`, `store(acc)` being the tile's epilogue."""
+      del k_start   # the producer chose the blocks
+      bi, mi, ni, owns_tile = tile_origin(lin)
       m_start, n_start = mi * tm, ni * tn
       wg_rows = pl.ds(wg * half, half)
 
-      def a_rows(a_smem):
+      def a_rows(a_slot):
         # This consumer's half of A's tile, as wgmma's (half, tk) operand.
         if trans_a:
-          return common.transposed(a_smem.at[:, wg_rows])
-        return a_smem.at[wg_rows, :]
-
-      def mma(_, a_smem, b_smem, acc_ref):
-        plgpu.wgmma(acc_ref, a_rows(a_smem), common.b_operand(b_smem, trans_b))
-        plgpu.wgmma_wait(delay)
-        return acc_ref
+          return common.transposed(a_slot.at[:, wg_rows])
+        return a_slot.at[wg_rows, :]
 
       def store(acc, partial=None):
         """The epilogue: this consumer's rows of the tile, in (64, epi_tn)
@@ -258,50 +278,78 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
             def _store():
               plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], c_gmem.at[bi, rows, cols])
 
-      def compute_context(eval_pipeline):
-        @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((half, tn), jnp.float32))
-        def _acc_scope(acc_ref):
-          eval_pipeline(acc_ref)
-          finish(acc_ref[...], store, owns_tile)
+      @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((half, tn), jnp.float32))
+      def _acc_scope(acc_ref):
+        @pl.loop(0, k_steps)
+        def _k_step(ki):
+          slot = lax.rem(step + ki, stages)
+          plgpu.barrier_wait(loaded.at[slot])
+          plgpu.wgmma(acc_ref, a_rows(a_smem.at[slot]),
+                      common.b_operand(b_smem.at[slot], trans_b))
+          # One wgmma stays in flight: the previous step's has finished
+          # reading its slot, which goes back to the producer.
+          plgpu.wgmma_wait(1)
 
-      make_pipeline(mma, compute_context, k_start, k_steps)(
-          *tile_operands(bi, m_start, n_start), allocations=pipeline_allocs)
+          @pl.when(ki > 0)
+          def _release_previous():
+            plgpu.barrier_arrive(consumed.at[lax.rem(step + ki - 1, stages)])
 
-    whole_tile = lambda acc, store, owns_tile: store(acc)
-    total_tiles = dims.batch * m_cl_tiles * n_cl_tiles
-    dp_tiles = stream_k.dp_tiles if stream_k else total_tiles
-    if dp_tiles:
-      @plgpu.nd_loop((dp_tiles,), collective_axes=grid_axis)
-      def _tile_loop(loop_info):
-        (lin,) = loop_info.index
-        run_tile(lin, whole_tile)
+        plgpu.wgmma_wait(0)
+        plgpu.barrier_arrive(consumed.at[lax.rem(step + k_steps - 1, stages)])
+        finish(acc_ref[...], store, owns_tile)
 
-    if stream_k:
-      stream_k_tail(run_tile, stream_k, partials[0], lax.axis_index(grid_axis),
-                    cta, wg, cluster, interpret)
+    def for_each_work_item(work):
+      """Calls work(lin, k_start, k_steps, step, finish) for this worker's
+      tiles and stream-K segments, in the same order in every warpgroup;
+      returns the ring steps they take."""
+      total_tiles = dims.batch * m_cl_tiles * n_cl_tiles
+      dp_tiles = stream_k.dp_tiles if stream_k else total_tiles
+      whole_tile = lambda acc, store, owns_tile: store(acc)
+      my_tiles = lax.div(dp_tiles - worker + workers - 1, workers)
 
-  # Every store must land before the kernel exits.
-  plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+      @pl.loop(0, my_tiles)
+      def _tile(i):
+        work(worker + i * workers, 0, k_iters, i * k_iters, whole_tile)
+
+      if not stream_k:
+        return my_tiles * k_iters
+      return stream_k_tail(work, stream_k, partials[0], sems, worker, my_tiles * k_iters,
+                           cta, wg, cluster, interpret)
+
+    @pl.when(wg == 2)
+    def _producer():
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+      steps = for_each_work_item(load_blocks)
+      # Leave only once every consumer (the partner CTA's included) has
+      # released every slot: nothing may arrive on an exited CTA's barriers.
+      wait_released(jnp.maximum(steps - stages, 0), steps)
+
+    @pl.when(wg < 2)
+    def _consumers():
+      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      for_each_work_item(compute_tile)
+      # Every store must land before the kernel exits.
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def stream_k_tail(run_tile, sk: StreamK, partials_gmem, worker, cta, wg, cluster: int,
-                  interpret: bool):
+def stream_k_tail(work, sk: StreamK, partials_gmem, sems, worker, step, cta, wg,
+                  cluster: int, interpret: bool):
   """This worker's share of the stream-K tiles: at most three segments
-  (the end of one tile, a whole tile, the start of another).
+  (the end of one tile, a whole tile, the start of another), handed to
+  `work(lin, k_start, k_steps, step, finish)` from ring position `step` on;
+  returns the ring position after them.
 
   The contributor of a tile is always the owner's successor, and each worker
   contributes at most once (its first segment), so the workspace holds one
-  partial per (CTA, consumer) and one GMEM semaphore each, signalled once and
-  reset by the owner's decrementing wait. The Mosaic GPU interpreter (jax
-  0.10.2) allocates no semaphores and runs the grid's clusters one after
+  partial per (CTA, consumer) and one GMEM semaphore each (`sems`), signalled
+  once and reset by the owner's decrementing wait. The Mosaic GPU interpreter
+  (jax 0.10.2) allocates no semaphores and runs the grid's clusters one after
   another: there workers are numbered backwards, so every contributor has
   finished before its owner starts.
   """
   i32 = jnp.int32
   if interpret:
     worker = sk.workers - 1 - worker
-  else:
-    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((sk.workers * cluster * 2,)))
   me = worker * cluster + cta                             # this CTA's workspace slot
   successor = jnp.minimum(worker + 1, sk.workers - 1) * cluster + cta
   start = worker * sk.units_per_worker
@@ -338,10 +386,13 @@ def stream_k_tail(run_tile, sk: StreamK, partials_gmem, worker, cta, wg, cluster
         store(acc, add_partial)
 
     @pl.when(units > 0)
-    def _segment(tile=tile, unit=unit, units=units, finish=finish):
-      run_tile(sk.dp_tiles + tile, finish, k_start=2 * unit, k_steps=2 * units)
+    def _segment(tile=tile, unit=unit, units=units, finish=finish, step=step):
+      work(sk.dp_tiles + tile, 2 * unit, 2 * units, step, finish)
 
-    seg_start = seg_start + jnp.maximum(units, i32(0))
+    units = jnp.maximum(units, i32(0))
+    seg_start = seg_start + units
+    step = step + 2 * units
+  return step
 
 
 def store_vector_size(n: int, epi_tn: int, dtype) -> int:
@@ -446,7 +497,7 @@ def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
         trans_a=problem.trans_a, trans_b=problem.trans_b,
         grid_minor_m=config.grid_minor_m, grid_group=config.grid_group,
         cluster_m=cluster_m, cluster_n=cluster_n, exact_out=exact_out,
-        stream_k=schedule, interpret=interpret,
+        stream_k=schedule, workers=grid, interpret=interpret,
         # The 0.10.2 interpreter cannot allocate the cluster barriers that
         # multicast needs; there each CTA of the cluster loads its own copy
         # of the shared tile (the cluster's tile walk is the same).
