@@ -23,12 +23,20 @@ import random
 import threading
 import zlib
 
-import jax
-import numpy as np
-import pytest
+# Before jax starts its CPU backend. The Mosaic GPU interpreter blocks XLA:CPU
+# threads in its barrier callbacks; with XLA:CPU's concurrency-optimized
+# scheduler on 2 cores (CI's machine), the persistent Pallas kernels' forced
+# stream-K test finished in 1 run of 5 and hung in the others, and in 5 of 5
+# with it off (bench/results/probes/pallas-2026-11-23b/README.md).
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [
+    os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_concurrency_optimized_scheduler=false"]))
 
-import jaxgemm
-from gemm_testing import Kernel, all_kernels
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import jaxgemm  # noqa: E402
+from gemm_testing import Kernel, all_kernels  # noqa: E402
 
 # A test that runs longer than this (an interpreted kernel that deadlocks)
 # ends the run with every thread's traceback instead of hanging CI.
