@@ -130,7 +130,7 @@ VJP_EXACT = [
 @pytest.mark.parametrize("shapes", VJP_EXACT)
 def test_vjp_like_lax_xla(shapes, dtype, precision, rng):
   """xla backend: the same output as lax.dot_general's, and the same cotangents
-  up to summation order (see `_assert_same_sums`).
+  up to summation order (see `_assert_same_cotangents`).
 
   Only layouts whose GEMMs sum the same products as lax's; broadcast batches
   (summed inside our GEMM, after it in jnp) are in test_vjp_against_float64.
@@ -176,10 +176,7 @@ def _assert_same_cotangents(fn, a, b, ct, got, want):
   transpose is off by O(|x| @ |y|) and fails.
   """
   terms = max(*a.shape, *b.shape)        # bounds each backward GEMM's K
-  with jax.enable_x64(True):
-    abs64 = lambda x: jnp.abs(jnp.asarray(as_f64(x)))
-    _, bound_vjp = jax.vjp(fn, abs64(a), abs64(b))
-    bounds = [np.asarray(x) for x in bound_vjp(abs64(ct))]
+  _, bounds = _vjp_f64(fn, a, b, ct)
   for g, w, bound in zip(got, want, bounds):
     assert g.dtype == w.dtype and g.shape == w.shape
     finfo = jnp.finfo(g.dtype)
@@ -199,6 +196,17 @@ VJP_CASES = [
 ]
 
 
+def _vjp_f64(fn, a, b, ct):
+  """(cotangents, bounds) of `fn` in float64 (jax in x64 mode): its VJP at (a, b)
+  for ct, and at (|a|, |b|) for |ct|, which bounds every backward GEMM's rounding."""
+  with jax.enable_x64(True):
+    a64, b64, ct64 = (jnp.asarray(as_f64(x)) for x in (a, b, ct))
+    _, ref_vjp = jax.vjp(fn, a64, b64)
+    _, bound_vjp = jax.vjp(fn, jnp.abs(a64), jnp.abs(b64))
+    return ([np.asarray(r) for r in ref_vjp(ct64)],
+            [np.asarray(r) for r in bound_vjp(jnp.abs(ct64))])
+
+
 def _check_vjp(kernel, rng, fn, a_shape, b_shape, np_fn, out_dtype=None):
   dtype, precision = best_setting(kernel, a_shape, b_shape, fn=fn,
                                   preferred_element_type=out_dtype)
@@ -210,14 +218,8 @@ def _check_vjp(kernel, rng, fn, a_shape, b_shape, np_fn, out_dtype=None):
   ct = random_array(rng, out.shape, out.dtype)
   da, db = f_vjp(ct)
   assert (da.shape, da.dtype, db.shape, db.dtype) == (a.shape, a.dtype, b.shape, b.dtype)
-  # The reference differentiates the float64 function with jax in x64 mode.
-  with jax.enable_x64(True):
-    a64, b64 = jnp.asarray(as_f64(a)), jnp.asarray(as_f64(b))
-    ct64 = jnp.asarray(as_f64(ct.astype(dtype)))   # backward GEMMs run in the operands' dtype
-    _, ref_vjp = jax.vjp(np_fn, a64, b64)
-    _, bound_vjp = jax.vjp(np_fn, jnp.abs(a64), jnp.abs(b64))
-    ref = [np.asarray(r) for r in ref_vjp(ct64)]
-    bound = [np.asarray(r) for r in bound_vjp(jnp.abs(ct64))]
+  # Backward GEMMs run in the operands' dtype: the reference takes ct rounded to it.
+  ref, bound = _vjp_f64(np_fn, a, b, ct.astype(dtype))
   tol = tolerance(dtype, dtype, precision)
   assert_gemm_close(da, ref[0], bound[0], tol, f"{kernel} d lhs")
   assert_gemm_close(db, ref[1], bound[1], tol, f"{kernel} d rhs")
