@@ -215,6 +215,29 @@ def test_wrong_results_are_failures_never_times():
   assert "exploded" in by[("fake", "crash")]["note"]
 
 
+def test_kernels_are_timed_interleaved_with_xla():
+  """XLA's dot is timed in blocks around the kernel's (reference, kernel,
+  kernel, reference), and the row's ratio uses those XLA times: a clock that
+  slows during the problem must not favour whichever is timed first."""
+  calls = []
+
+  class DriftingTimer:
+    """Each block runs 10% slower than the one before (a throttling GPU)."""
+    label = "fake"
+
+    def time(self, f, args, iters):
+      calls.append((f, iters))
+      return [1.1 ** (len(calls) - 1)] * iters
+
+  kernel_ms, ref_ms = runner.time_paired(DriftingTimer(), "kernel", "xla", (), 20)
+  assert calls == [("xla", 10), ("kernel", 10), ("kernel", 10), ("xla", 10)]
+  assert len(kernel_ms) == len(ref_ms) == 20
+  # The same function under the same drift measures the same: ratio 1.
+  both = runner.summarize(kernel_ms)["median_ms"], runner.summarize(ref_ms)["median_ms"]
+  assert both[0] == pytest.approx(both[1], rel=0.06)
+  assert len(runner.time_paired(DriftingTimer(), "k", "x", (), 3)[0]) == 3   # the CPU's 3 iters
+
+
 def test_transposed_layouts_go_through_dot_general():
   rows = []
   for bp in P.SUITES["tiny"]:
