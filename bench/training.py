@@ -12,7 +12,8 @@ The task is learnable, so the loss falls: tokens are uniform random, the target
 of each position is a fixed random permutation of its token, or (LABEL_NOISE)
 a random token, so that the loss levels off at O(1) instead of vanishing. Both models start
 from the same parameters and see the same batches; the suite reports the step
-time (device time of one jit-compiled step: forward, backward, Adam update),
+time (device time of one jit-compiled step: forward, backward, Adam update;
+each backend's timed interleaved with XLA's step, as the GEMM suites do),
 tokens per second, the loss trajectory of both, and checks that they agree:
 step 0's loss and gradients closely, the whole trajectory within a per-dtype
 tolerance.
@@ -36,7 +37,8 @@ from jaxgemm.timing import summarize
 from . import problems as P
 from .runner import (AUTO, AUTO_VARIANT, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL,
                      STATUS_OK, STATUS_SKIPPED, STATUS_UNSUPPORTED, TOLERANCE, Context, Watchdog,
-                     base_row, excluded, is_not_implemented, precision_of, short_error)
+                     base_row, excluded, is_not_implemented, precision_of, short_error,
+                     time_paired)
 
 # Largest relative difference |loss - loss_xla| / loss_xla allowed at any step.
 TRAJECTORY_TOL = {"bf16": 5e-2, "fp16": 3e-2, "fp32": 2e-2, "fp32-highest": 1e-3}
@@ -209,11 +211,13 @@ def _tree_rel_err(a, b) -> float:
 
 
 def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_name: str,
-              mm: Callable | None = None):
+              mm: Callable | None = None, reference: Callable | None = None):
   """Trains `cfg` on one GEMM implementation: (losses, grads0, step stats, info).
 
   grads0, the gradient at step 0, is read off Adam's first moment after the
   first step (m = (1 - b1) g), so no second function is compiled for it.
+  info["compiled"] is the compiled step; with `reference` (XLA's compiled
+  step) the two are timed interleaved and info["xla_ms"] is XLA's median.
   """
   dtype = P.dtype_of(dtype_name)
   mm = mm or make_mm(backend, variant, dtype_name)
@@ -241,10 +245,15 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
           "stopped": f"stopped after {i + 1} step(s): an interpreted step took "
                      f"{wall:.1f} s (CPU budget {2 * ctx.cpu_call_budget_s:g} s)"}
   # Time the step (same inputs each call; the steps above were the warm-up).
-  samples = ctx.timer.time(compiled, (params, opt, *data[0]), ctx.iters)
-  wall_ms = 1e3 * float(np.median(walls[1:])) if len(walls) > 1 else None
-  return losses, grads0, summarize(samples), {"compile_s": compile_s, "stopped": "",
-                                              "wall_ms": wall_ms}
+  args = (params, opt, *data[0])
+  info = {"compile_s": compile_s, "stopped": "", "compiled": compiled,
+          "wall_ms": 1e3 * float(np.median(walls[1:])) if len(walls) > 1 else None}
+  if reference is None:
+    samples = ctx.timer.time(compiled, args, ctx.iters)
+  else:
+    samples, ref_samples = time_paired(ctx.timer, compiled, reference, args, ctx.iters)
+    info["xla_ms"] = summarize(ref_samples)["median_ms"]
+  return losses, grads0, summarize(samples), info
 
 
 def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: bool = False,
@@ -320,6 +329,7 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
       ref_losses, ref_grads0, ref_stats, info = train_one(
           ctx, cfg, REF, REF_VARIANT, dtype_name,
           mm=mm_factory(REF, REF_VARIANT) if mm_factory else None)
+    ref_compiled = info.get("compiled")
     ref.update(_step_metrics(ctx, cfg, ref_stats, None), status=STATUS_OK,
                compile_s=info["compile_s"], step_wall_ms=info.get("wall_ms"),
                loss_first=ref_losses[0], loss_last=ref_losses[-1], timer=ctx.timer.label)
@@ -359,7 +369,7 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
       with Watchdog(ctx, r, f"training on {backend}/{variant}", factor=TIMEOUT_FACTOR):
         losses, grads0, stats, info = train_one(
             ctx, cfg, backend, variant, dtype_name,
-            mm=mm_factory(backend, variant) if mm_factory else None)
+            mm=mm_factory(backend, variant) if mm_factory else None, reference=ref_compiled)
     except Exception as e:  # noqa: BLE001
       r.update(status=STATUS_UNSUPPORTED if is_not_implemented(e) else STATUS_ERROR,
                note=short_error(e))
@@ -384,7 +394,7 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     elif stats is None:
       r.update(status=STATUS_SKIPPED, note=info["stopped"])
     else:
-      r.update(_step_metrics(ctx, cfg, stats, ref_stats["median_ms"]), status=STATUS_OK,
+      r.update(_step_metrics(ctx, cfg, stats, info.get("xla_ms")), status=STATUS_OK,
                step_wall_ms=info.get("wall_ms"))
     emit(r)
     emit_losses(backend, variant, losses)
