@@ -402,7 +402,6 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     ref_row.update(status=STATUS_OK, compile_s=c_s, first_run_s=f_s,
                    timer=ctx.timer.label, error=0.0,
                    **_metrics(ctx, bp, dtype_name, stats, stats["median_ms"]))
-    ref_median = stats["median_ms"]
     ref_compiled = compiled
   except Exception as e:  # noqa: BLE001 (record and go on)
     ref_row.update(status=STATUS_ERROR, note=short_error(e))
