@@ -6,6 +6,8 @@ Run on the H200 from the repository root (branch direct-store-probe, whose
 `waits` times the TMA epilogue's parts instead (racy or partial variants: timing only);
 `slots` one TMA-store slot per consumer with 64 x 128 pieces.
 `lower` cross-lowers for sm_90a on a CPU machine instead (no timing).
+probe_direct.log came from the first version of this script, which printed XLA's time only
+at the start of each rep (the ratio was the same: against XLA before and after the kernel).
 """
 import dataclasses
 import sys
@@ -31,9 +33,9 @@ PROBLEMS = [("8192^3", prob(1, 8192, 8192, 8192), "clusters"),
 
 
 def build(p, variant, cfg, epilogue):
+  """The variant's kernel, jitted; traced (so built) with `epilogue` at its first call."""
   ws.PROBE_EPILOGUE = epilogue
-  f = kernel(p, variant, cfg)
-  return f
+  return kernel(p, variant, cfg)
 
 
 for name, p, variant in PROBLEMS:
@@ -54,9 +56,7 @@ for name, p, variant in PROBLEMS:
     b = jax.ShapeDtypeStruct(p.b_shape, p.dtype)
     for label, cfg, epi in cases:
       try:
-        ws.PROBE_EPILOGUE = epi
-        fn = getattr(__import__(f"jaxgemm.kernels.pallas.{variant}", fromlist=[variant]), variant)
-        jax.jit(lambda a, b: fn(a, b, p, cfg)).trace(a, b).lower(lowering_platforms=("cuda",))
+        build(p, variant, cfg, epi).trace(a, b).lower(lowering_platforms=("cuda",))
         print("lowered", name, label, flush=True)
       except Exception as ex:
         print("ERR", name, label, type(ex).__name__, str(ex)[:600], flush=True)
