@@ -70,8 +70,9 @@ def assert_close(out, ref, p: GemmProblem):
   assert err < tol, f"{p.describe()}: relative error {err:.3e} >= {tol}"
 
 
-# Small tiles for the interpreter: the two-consumer rungs need tile_m >= 128
-# (64 rows per consumer warpgroup); the others take 64.
+# Small tiles for the interpreter: the rungs that split a tile between two
+# consumers need tile_m >= 128 (64 rows per consumer warpgroup); the others
+# (pingpong's consumers take whole tiles) take 64.
 def small_config(variant: str, **overrides) -> PallasConfig:
   two = variant in pallas._TWO_CONSUMERS
   kw = dict(tile_m=128 if two else 64, tile_n=64, tile_k=32, max_concurrent_steps=2,
@@ -140,9 +141,12 @@ def test_variant_specific_config_errors():
   if "warp_specialized" in pallas.VARIANTS:
     with pytest.raises(ValueError, match="tile_m=64 must be >= 128"):
       BACKEND.check(p, "warp_specialized", PallasConfig(tile_m=64))
-  if "clusters" in pallas.VARIANTS:
-    with pytest.raises(ValueError, match="exactly one of"):
-      BACKEND.check(p, "clusters", PallasConfig(tile_m=128, cluster_m=1, cluster_n=1))
+  for variant in ("clusters", "pingpong"):
+    if variant in pallas.VARIANTS:
+      with pytest.raises(ValueError, match="exactly one of"):
+        BACKEND.check(p, variant, PallasConfig(tile_m=128, cluster_m=1, cluster_n=1))
+  if "pingpong" in pallas.VARIANTS:   # a consumer holds a whole tile: 64 rows will do
+    BACKEND.check(p, "pingpong", PallasConfig(tile_m=64, cluster_n=2))
   with pytest.raises(ValueError, match="does not use clusters"):
     BACKEND.check(p, "basic", PallasConfig(cluster_m=2))
 
@@ -249,7 +253,7 @@ def test_gpu_default_config_matches_reference(variant, trans, dtype):
 
 ws = importlib.import_module("jaxgemm.kernels.pallas.warp_specialized")
 common = importlib.import_module("jaxgemm.kernels.pallas.common")
-PERSISTENT = [v for v in ("warp_specialized", "clusters", "stream_k") if v in pallas.VARIANTS]
+PERSISTENT = [v for v in pallas._PERSISTENT if v in pallas.VARIANTS]
 
 
 @pytest.mark.parametrize("valid,extent", [(v, e) for e in (8, 32, 64) for v in range(1, e + 1)])
@@ -263,9 +267,11 @@ def test_store_windows_cover_exactly_the_valid_part(valid, extent):
   assert len(offsets) <= 2 and size & (size - 1) == 0
 
 
-def exact_case(p: GemmProblem, cfg: PallasConfig) -> bool:
+def exact_case(p: GemmProblem, cfg: PallasConfig, variant: str = "clusters") -> bool:
+  row_parts = 2 if variant in pallas._TWO_CONSUMERS else 1
   return common.stores_exact(p, p.out_dtype) and ws.exact_store_fits(
-      p.m, p.n, cfg.tile_m, cfg.tile_n, min(cfg.epi_tile_n, cfg.tile_n), p.out_dtype)
+      p.m, p.n, cfg.tile_m, cfg.tile_n, min(cfg.epi_tile_n, cfg.tile_n), p.out_dtype,
+      row_parts)
 
 
 def test_exact_stores_only_where_tma_cannot_store_c():
@@ -295,7 +301,7 @@ def test_interpreter_exact_c_stores(variant, case):
   batch, m, n, k, ta, tb, dtype = case
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
   cfg = small_config(variant)
-  assert exact_case(p, cfg), "the case must exercise the exact-store epilogue"
+  assert exact_case(p, cfg, variant), "the case must exercise the exact-store epilogue"
   kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
   a, b = operands(p, seed=3)
   out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
@@ -366,6 +372,32 @@ def test_gpu_stream_k_matches_reference_and_is_deterministic(shape, trans):
       preferred_element_type=jnp.float32)
   assert_close(out, np.asarray(ref, np.float64), p)
   assert np.array_equal(np.asarray(out), np.asarray(f(a, b)))   # the fixup's order is fixed
+
+
+def test_last_tile_rows_by_consumer():
+  # M = 190 in 128-row tiles: the last tile holds rows 128..189 (62 of them).
+  assert [ws.last_tile_rows(190, 128, em) for em in range(1)] == [(62, 0)]   # two halves
+  assert [ws.last_tile_rows(190, 128, em, 1) for em in range(2)] == [(62,), (0,)]
+  assert ws.last_tile_rows(250, 128, 0) == (64, 58)
+
+
+@pytest.mark.skipif("pingpong" not in pallas.VARIANTS, reason="no pingpong rung")
+@pytest.mark.parametrize("case", [
+    # 9 cluster tiles on the interpreter's one cluster: consumer 0 takes 5,
+    # consumer 1 takes 4; 3 K steps on a 2-slot ring, so each consumer's tiles
+    # start on either slot and the two consumers' barriers interleave.
+    pytest.param((3, 65, 129, 96, False, False, jnp.bfloat16), id="NN-bf16-b3-65x129x96"),
+    pytest.param((3, 65, 129, 96, True, True, jnp.float16), id="TT-fp16-b3-65x129x96"),
+])
+def test_interpreter_pingpong_uneven_tiles(case):
+  batch, m, n, k, ta, tb, dtype = case
+  p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
+  cfg = small_config("pingpong")
+  assert (cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.max_concurrent_steps) == (64, 64, 32, 2)
+  kernel_fn = importlib.import_module("jaxgemm.kernels.pallas.pingpong").pingpong
+  a, b = operands(p, seed=6)
+  out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
+  assert_close(out, reference(a, b, p), p)
 
 
 @pytest.mark.parametrize("variant", pallas.VARIANTS)

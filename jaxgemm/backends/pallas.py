@@ -11,6 +11,8 @@ Kernels live in `jaxgemm.kernels.pallas`, one module per rung:
    TMA-multicast to both.
 5. `stream_k`: rung 4 with the last tiles split along K between all
    clusters, so the last round of the persistent grid is not left part idle.
+6. `pingpong`: rung 4 with the consumers on alternate whole tiles, so one's
+   epilogue runs under the other's main loop.
 
 On `cuda` the kernels compile through Mosaic GPU (sm_90a); on `cpu` the very
 same kernels run in the Mosaic GPU interpreter (slow: small problems only).
@@ -29,11 +31,13 @@ from jaxgemm import registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
 from jaxgemm.registry import GemmProblem
 
-VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters", "stream_k")
-# Variants whose CTA tile is split along M between two consumer warpgroups.
+VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters", "stream_k", "pingpong")
+# Persistent variants: a producer and two consumer warpgroups.
+_PERSISTENT = ("warp_specialized", "clusters", "stream_k", "pingpong")
+# Variants whose CTA tile is split along M between the two consumers.
 _TWO_CONSUMERS = ("warp_specialized", "clusters", "stream_k")
 # Variants launched in 2-CTA clusters.
-_CLUSTERED = ("clusters", "stream_k")
+_CLUSTERED = ("clusters", "stream_k", "pingpong")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
 _IN_DTYPES = (jnp.bfloat16, jnp.float16)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -90,7 +94,7 @@ def smem_bytes(problem: GemmProblem, variant: str, config: PallasConfig) -> dict
   # The pipelined rungs run at least 2 stages (delay_release=1 needs them).
   stages = 1 if variant == "basic" else max(2, config.max_concurrent_steps)
   parts = {"a": stages * tm * tk * item, "b": stages * tk * tn * item}
-  if variant in _TWO_CONSUMERS:
+  if variant in _PERSISTENT:
     # Two epilogue slots per consumer warpgroup, each (64, epi_tile_n).
     parts["out"] = 2 * 2 * 64 * min(config.epi_tile_n, tn) * out_item
   else:
@@ -125,10 +129,10 @@ class PallasBackend(registry.Backend):
     if not isinstance(config, PallasConfig):
       raise TypeError(f"backend='pallas' takes a PallasConfig, got {type(config).__name__}")
     tile_m, tile_n, epi_tile_n = config.tile_m, config.tile_n, config.epi_tile_n
-    if variant in _TWO_CONSUMERS:
-      if tile_m < 128:
-        raise ValueError(f"variant={variant!r} splits tile_m between two consumer "
-                         f"warpgroups of >= 64 rows each: {tile_m=} must be >= 128")
+    if variant in _TWO_CONSUMERS and tile_m < 128:
+      raise ValueError(f"variant={variant!r} splits tile_m between two consumer "
+                       f"warpgroups of >= 64 rows each: {tile_m=} must be >= 128")
+    if variant in _PERSISTENT:
       if tile_n % epi_tile_n != 0 and epi_tile_n < tile_n:
         raise ValueError(f"{tile_n=} must be divisible by {epi_tile_n=}")
     if variant in _CLUSTERED:
@@ -153,8 +157,11 @@ class PallasBackend(registry.Backend):
   def default_config(self, problem: GemmProblem, variant: str) -> PallasConfig:
     """Tiles measured best on the H200 (jax 0.11.2), clamped to the problem.
 
-    256x128x64 in 4 stages for the two-consumer rungs, 128x128x64 otherwise;
-    skinny problems (M <= 128) get 64-wide N tiles with 128-deep K steps,
+    256x128x64 in 4 stages for the two-consumer rungs, 128x128x64 in 6 for
+    `pingpong` (a consumer's accumulator holds a whole tile; 5 stages measured
+    within 1%, and walking M-minor, cluster_m=2 or grid_group=16 slower:
+    bench/results/probes/pallas-2026-11-23c/probe_pingpong.log), 128x128x64 in 4
+    otherwise; skinny problems (M <= 128) get 64-wide N tiles with 128-deep K steps,
     which keeps more SMs busy (128x8192x8192: pipelined 1.09x XLA vs 0.88x
     with the large-problem tiles; warp_specialized 1.08x vs 0.98x with
     128x128x64 in 6 stages; clusters 1.00x vs 0.92x). Clusters pair CTAs
@@ -169,6 +176,11 @@ class PallasBackend(registry.Backend):
       if np.dtype(problem.out_dtype).itemsize == 4:
         stages -= 1   # f32 epilogue slots take a stage's room
       tile_m = _pow2_at_least(m, 128, tile_m)
+    elif variant == "pingpong":
+      tile_m, tile_n, tile_k, stages = 128, 128, 64, 6
+      if skinny:
+        tile_n, tile_k = 64, 128
+      tile_m = _pow2_at_least(m, 64, tile_m)
     else:
       tile_m, tile_n, stages = 128, 128, 4
       tile_k = 128 if skinny else 64
@@ -193,13 +205,13 @@ class PallasBackend(registry.Backend):
     return config
 
   def tuning_candidates(self, problem: GemmProblem) -> list[tuple[str, PallasConfig]]:
-    """The top four rungs at their defaults, and clusters walking tiles M-minor.
+    """The top five rungs at their defaults, and clusters walking tiles M-minor.
 
     Which walk keeps more of A and B in L2 depends on the shape (the snake
     runs along N by default); the autotuner measures both.
     """
     out = [(v, self.default_config(problem, v))
-           for v in ("stream_k", "clusters", "warp_specialized", "pipelined")]
+           for v in ("stream_k", "clusters", "warp_specialized", "pipelined", "pingpong")]
     out.append(("clusters", dataclasses.replace(out[1][1], grid_minor_m=True)))
     return out
 

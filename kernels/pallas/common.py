@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import warnings
 from typing import Any
@@ -160,6 +161,20 @@ def _patch_interpreter() -> None:
 
   gc.wgmma = wgmma
   gc.copy_smem_to_gmem = copy_smem_to_gmem
+
+
+# jax 0.10 takes load's index as an argument; 0.11 deprecates it (DeprecationWarning
+# in the H200 GPU tier, bench/results/probes/h200-gpu-tests-2026-11-23b.log) and
+# takes the reference already indexed.
+_LOAD_IDX = inspect.signature(plgpu.load).parameters.get("idx")
+_LOAD_TAKES_INDEX = _LOAD_IDX is not None and _LOAD_IDX.default is inspect.Parameter.empty
+
+
+def load_gmem(ref):
+  """All of GMEM `ref` into registers, without a conflict-free plan (GMEM has none)."""
+  if _LOAD_TAKES_INDEX:
+    return plgpu.load(ref, (), optimized=False)
+  return plgpu.load(ref, optimized=False)
 
 
 def num_sms(interpret: bool) -> int:

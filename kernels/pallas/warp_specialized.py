@@ -33,8 +33,9 @@ What it adds over `pipelined`:
   same process: bench/results/probes/pallas-2026-11-23/probe_exact.log).
 
 The kernel body also takes a cluster shape, which rung 4 (`clusters`) uses,
-and a `StreamK` split of the last tiles, which rung 5 (`stream_k`) uses; here
-they are 1x1 and none.
+a `StreamK` split of the last tiles, which rung 5 (`stream_k`) uses, and the
+ping-pong schedule (consumers on alternate whole tiles), which rung 6
+(`pingpong`) uses; here they are 1x1, none and off.
 
 Measured before the exact stores (H200, jax 0.11.2, default configs, CUPTI
 median of 20, bf16, `bench/pallas_probe.py all` run 3:
@@ -130,9 +131,20 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
                       trans_b: bool, grid_minor_m: bool, grid_group: int, workers: int,
                       cluster_m: int = 1, cluster_n: int = 1, multicast: bool = True,
                       exact_out: bool = False, stream_k: StreamK | None = None,
-                      interpret: bool = False):
+                      pingpong: bool = False, interpret: bool = False):
+  """The persistent body of rungs 3-6.
+
+  pingpong=False (cooperative): both consumers work on every tile, on its
+  top and bottom halves. pingpong=True (rung 6): each consumer takes whole
+  tiles, the CTA's even ones and its odd ones; every tile has its own ring
+  steps, so whole tiles only (no stream-K split).
+  """
+  if pingpong and stream_k:
+    raise ValueError("the ping-pong schedule gives every tile to one consumer: no stream-K split")
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
-  half = tm // 2                     # rows per consumer warpgroup
+  # Rows of the tile per consumer warpgroup, and how many consumers split a tile.
+  row_parts = 1 if pingpong else 2
+  consumer_rows = tm // row_parts
   k_iters = common.cdiv(dims.k, tk)
   # A cluster computes (cluster_m x cluster_n) adjacent CTA tiles.
   m_tiles, n_tiles = common.cdiv(dims.m, tm), common.cdiv(dims.n, tn)
@@ -173,10 +185,26 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
   else:
     # Two swizzled TMA-store slots per consumer warpgroup.
     out_smem_type = common.out_smem_type(EPI_TILE_M, epi_tn, out_dtype, 2, 2)
-  # A slot is free again once both consumers of every CTA it was multicast
-  # into have read it.
+  # A slot is free again once its consumers (both, or the tile's one in
+  # ping-pong) in every CTA it was multicast into have read it.
   consumed_type = (functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
                    if a_collective or b_collective else plgpu.Barrier)
+  # Ping-pong gives each consumer its own `loaded` and `consumed` barrier per
+  # slot: a warpgroup tracks a barrier's phase by counting its own waits, so
+  # a consumer must wait on every phase of the barriers it waits on, and each
+  # consumer sees only its own tiles' steps.
+  owners = 2 if pingpong else 1
+
+  def owner(step):
+    """The consumer (0 or 1) whose tile ring step `step` belongs to, in ping-pong."""
+    return lax.rem(lax.div(step, k_iters), 2) if pingpong else 0
+
+  def barrier(barriers, step, who=None):
+    """The barrier of ring step `step`'s slot (in ping-pong: its owner's, or consumer `who`'s)."""
+    slot = lax.rem(step, stages)
+    if not pingpong:
+      return barriers.at[slot]
+    return barriers.at[(owner(step) if who is None else who) * stages + slot]
 
   @functools.partial(
       pl.run_scoped,
@@ -184,8 +212,8 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
       # blocks with its two barrier arrays...
       a_smem=common.a_smem_type(tm, tk, dtype, trans_a, stages),
       b_smem=common.b_smem_type(tk, tn, dtype, trans_b, stages),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),   # A's and B's copies
-      consumed=consumed_type(num_arrivals=2, num_barriers=stages),  # both consumers
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=owners * stages),  # A's and B's copies
+      consumed=consumed_type(num_arrivals=2 // owners, num_barriers=owners * stages),
       # ...and the epilogue's staging slots.
       out_smem=out_smem_type,
       collective_axes="wg",
@@ -211,19 +239,19 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
 
         @pl.when(step + ki >= stages)
         def _wait_free():
-          plgpu.barrier_wait(consumed.at[slot])
+          plgpu.barrier_wait(barrier(consumed, step + ki - stages))
 
         a_block, b_block = k_blocks(bi, mi, ni, k_start + ki)
-        plgpu.copy_gmem_to_smem(a_block, a_smem.at[slot], loaded.at[slot],
+        plgpu.copy_gmem_to_smem(a_block, a_smem.at[slot], barrier(loaded, step + ki),
                                 collective_axes=a_collective)
-        plgpu.copy_gmem_to_smem(b_block, b_smem.at[slot], loaded.at[slot],
+        plgpu.copy_gmem_to_smem(b_block, b_smem.at[slot], barrier(loaded, step + ki),
                                 collective_axes=b_collective)
 
     def wait_released(first, end):
       """Waits until the consumers have released ring steps [first, end)."""
       @pl.loop(first, end)
       def _wait(s):
-        plgpu.barrier_wait(consumed.at[lax.rem(s, stages)])
+        plgpu.barrier_wait(barrier(consumed, s))
 
     def compute_tile(lin, k_start, k_steps, step, finish):
       """Accumulates K steps [k_start, +k_steps) of cluster tile `lin` from
@@ -232,10 +260,13 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
       del k_start   # the producer chose the blocks
       bi, mi, ni, owns_tile = tile_origin(lin)
       m_start, n_start = mi * tm, ni * tn
-      wg_rows = pl.ds(wg * half, half)
+      row_part = 0 if pingpong else wg     # which rows of the tile this consumer holds
+      wg_rows = pl.ds(row_part * consumer_rows, consumer_rows)
 
       def a_rows(a_slot):
-        # This consumer's half of A's tile, as wgmma's (half, tk) operand.
+        # This consumer's rows of A's tile, as wgmma's (consumer_rows, tk) operand.
+        if pingpong:
+          return common.transposed(a_slot) if trans_a else a_slot
         if trans_a:
           return common.transposed(a_slot.at[:, wg_rows])
         return a_slot.at[wg_rows, :]
@@ -243,9 +274,9 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
       def store(acc, partial=None):
         """The epilogue: this consumer's rows of the tile, in (64, epi_tn)
         pieces, into C; `partial(rows, cols)` adds another worker's sums."""
-        row0 = m_start + wg * half
+        row0 = m_start + row_part * consumer_rows
         piece = 0
-        for em in range(half // EPI_TILE_M):
+        for em in range(consumer_rows // EPI_TILE_M):
           for en in range(tn // epi_tn):
             rows = pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M)
             cols = pl.ds(n_start + en * epi_tn, epi_tn)
@@ -258,8 +289,8 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
             if exact_out:
               out_smem[wg] = acc_piece
               row_cases = [(mi < m_tiles - 1, EPI_TILE_M)] + [
-                  ((mi == m_tiles - 1) & (wg == w), rows_left)
-                  for w, rows_left in enumerate(last_tile_rows(dims.m, tm, em))]
+                  ((mi == m_tiles - 1) & (row_part == part), rows_left)
+                  for part, rows_left in enumerate(last_tile_rows(dims.m, tm, em, row_parts))]
               col_cases = [(ni < n_tiles - 1, epi_tn),
                            (ni == n_tiles - 1, last_tile_cols(dims.n, tn, epi_tn, en))]
               store_exact(out_smem.at[wg], c_gmem.at[bi], row0 + em * EPI_TILE_M,
@@ -278,12 +309,12 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
             def _store():
               plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], c_gmem.at[bi, rows, cols])
 
-      @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((half, tn), jnp.float32))
+      @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((consumer_rows, tn), jnp.float32))
       def _acc_scope(acc_ref):
         @pl.loop(0, k_steps)
         def _k_step(ki):
           slot = lax.rem(step + ki, stages)
-          plgpu.barrier_wait(loaded.at[slot])
+          plgpu.barrier_wait(barrier(loaded, step + ki, who=wg))
           plgpu.wgmma(acc_ref, a_rows(a_smem.at[slot]),
                       common.b_operand(b_smem.at[slot], trans_b))
           # One wgmma stays in flight: the previous step's has finished
@@ -292,23 +323,26 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
 
           @pl.when(ki > 0)
           def _release_previous():
-            plgpu.barrier_arrive(consumed.at[lax.rem(step + ki - 1, stages)])
+            plgpu.barrier_arrive(barrier(consumed, step + ki - 1, who=wg))
 
         plgpu.wgmma_wait(0)
-        plgpu.barrier_arrive(consumed.at[lax.rem(step + k_steps - 1, stages)])
+        plgpu.barrier_arrive(barrier(consumed, step + k_steps - 1, who=wg))
         finish(acc_ref[...], store, owns_tile)
 
-    def for_each_work_item(work):
+    def for_each_work_item(work, consumer=None):
       """Calls work(lin, k_start, k_steps, step, finish) for this worker's
       tiles and stream-K segments, in the same order in every warpgroup;
-      returns the ring steps they take."""
+      returns the ring steps they take. In ping-pong, `consumer` takes only
+      its own tiles (the producer, consumer=None, loads them all)."""
       total_tiles = dims.batch * m_cl_tiles * n_cl_tiles
       dp_tiles = stream_k.dp_tiles if stream_k else total_tiles
       whole_tile = lambda acc, store, owns_tile: store(acc)
       my_tiles = lax.div(dp_tiles - worker + workers - 1, workers)
+      first, stride = (consumer, 2) if pingpong and consumer is not None else (0, 1)
 
-      @pl.loop(0, my_tiles)
-      def _tile(i):
+      @pl.loop(0, lax.div(my_tiles - first + stride - 1, stride))
+      def _tile(j):
+        i = first + j * stride
         work(worker + i * workers, 0, k_iters, i * k_iters, whole_tile)
 
       if not stream_k:
@@ -327,7 +361,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
     @pl.when(wg < 2)
     def _consumers():
       plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
-      for_each_work_item(compute_tile)
+      for_each_work_item(compute_tile, consumer=wg)
       # Every store must land before the kernel exits.
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
@@ -378,7 +412,7 @@ def stream_k_tail(work, sk: StreamK, partials_gmem, sems, worker, step, cta, wg,
       def add_partial(piece, rows, cols):
         ref = partials_gmem.at[successor, wg, rows, cols]
         load = (lambda: ref[...]) if interpret else (
-            lambda: plgpu.load(ref, (), optimized=False))   # GMEM: no conflict-free plan
+            lambda: common.load_gmem(ref))
         return lax.cond(adds, lambda: piece + load(), lambda: piece)
 
       @pl.when(~is_contributor)
@@ -416,11 +450,12 @@ def windows(valid: int, extent: int) -> tuple[int, tuple[int, ...]]:
   return size, tuple(sorted({0, valid - size}))
 
 
-def last_tile_rows(m: int, tm: int, em: int) -> tuple[int, int]:
-  """Rows inside C of epilogue piece `em` of each consumer (0, 1) in the last M tile."""
+def last_tile_rows(m: int, tm: int, em: int, row_parts: int = 2) -> tuple[int, ...]:
+  """Rows inside C of epilogue piece `em` of each of the `row_parts` parts of
+  the last M tile (two consumers' halves, or ping-pong's one whole tile)."""
   first = (common.cdiv(m, tm) - 1) * tm
-  return tuple(min(max(m - (first + w * (tm // 2) + em * EPI_TILE_M), 0), EPI_TILE_M)
-               for w in (0, 1))
+  return tuple(min(max(m - (first + part * (tm // row_parts) + em * EPI_TILE_M), 0), EPI_TILE_M)
+               for part in range(row_parts))
 
 
 def last_tile_cols(n: int, tn: int, epi_tn: int, en: int) -> int:
@@ -428,7 +463,8 @@ def last_tile_cols(n: int, tn: int, epi_tn: int, en: int) -> int:
   return min(max(n - ((common.cdiv(n, tn) - 1) * tn + en * epi_tn), 0), epi_tn)
 
 
-def exact_store_fits(m: int, n: int, tm: int, tn: int, epi_tn: int, dtype) -> bool:
+def exact_store_fits(m: int, n: int, tm: int, tn: int, epi_tn: int, dtype,
+                     row_parts: int = 2) -> bool:
   """Whether every store window holds a whole number of vectors per thread.
 
   A warpgroup stores a window in a row-contiguous layout of 128 threads x
@@ -436,8 +472,8 @@ def exact_store_fits(m: int, n: int, tm: int, tn: int, epi_tn: int, dtype) -> bo
   with, say, one row inside C has none that large and keeps the padded path.
   """
   vec = store_vector_size(n, epi_tn, dtype)
-  row_extents = {EPI_TILE_M} | {r for em in range(tm // 2 // EPI_TILE_M)
-                                for r in last_tile_rows(m, tm, em) if r}
+  row_extents = {EPI_TILE_M} | {r for em in range(tm // row_parts // EPI_TILE_M)
+                                for r in last_tile_rows(m, tm, em, row_parts) if r}
   col_extents = {epi_tn} | {c for en in range(tn // epi_tn)
                             if (c := last_tile_cols(n, tn, epi_tn, en))}
   return all(windows(r, EPI_TILE_M)[0] * windows(c, epi_tn)[0] % (128 * vec) == 0
@@ -474,11 +510,12 @@ def store_exact(stage_smem, c_gmem, row0, col0, row_cases, col_cases, owns_tile,
 
 
 def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
-                    cluster_n: int = 1, stream_k: bool = False):
+                    cluster_n: int = 1, stream_k: bool = False, pingpong: bool = False):
   """Launches `persistent_kernel` on min(SMs, tiles) CTAs (in clusters).
 
   stream_k: split the last tiles along K between all workers (rung 5) when
   `plan_stream_k` finds it worth it; otherwise every tile is whole.
+  pingpong: the consumers take alternate whole tiles (rung 6).
   """
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   out_dtype = jnp.dtype(problem.out_dtype)
@@ -497,7 +534,7 @@ def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
         trans_a=problem.trans_a, trans_b=problem.trans_b,
         grid_minor_m=config.grid_minor_m, grid_group=config.grid_group,
         cluster_m=cluster_m, cluster_n=cluster_n, exact_out=exact_out,
-        stream_k=schedule, workers=grid, interpret=interpret,
+        stream_k=schedule, pingpong=pingpong, workers=grid, interpret=interpret,
         # The 0.10.2 interpreter cannot allocate the cluster barriers that
         # multicast needs; there each CTA of the cluster loads its own copy
         # of the shared tile (the cluster's tile walk is the same).
@@ -521,7 +558,8 @@ def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
     return out[0] if schedule else out
 
   exact_out = (common.stores_exact(problem, out_dtype)
-               and exact_store_fits(problem.m, problem.n, tm, tn, epi_tn, out_dtype))
+               and exact_store_fits(problem.m, problem.n, tm, tn, epi_tn, out_dtype,
+                                    row_parts=1 if pingpong else 2))
   return common.run_padded(call, a, b, problem, out_dtype=out_dtype, exact_out=exact_out)
 
 
