@@ -173,10 +173,8 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
 
   def k_blocks(bi, mi, ni, ki):
     """A's (tm, tk) and B's (tk, tn) blocks of K step `ki`, as stored."""
-    rows, cols, ks = pl.ds(mi * tm, tm), pl.ds(ni * tn, tn), pl.ds(ki * tk, tk)
-    a_block = a_gmem.at[bi, ks, rows] if trans_a else a_gmem.at[bi, rows, ks]
-    b_block = b_gmem.at[bi, cols, ks] if trans_b else b_gmem.at[bi, ks, cols]
-    return a_block, b_block
+    return (common.a_block(a_gmem.at[bi], mi * tm, ki * tk, tm, tk, trans_a),
+            common.b_block(b_gmem.at[bi], ki * tk, ni * tn, tk, tn, trans_b))
 
   if exact_out:
     # Plain stores from a row-major staging slot per consumer warpgroup
@@ -266,7 +264,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
       def a_rows(a_slot):
         # This consumer's rows of A's tile, as wgmma's (consumer_rows, tk) operand.
         if pingpong:
-          return common.transposed(a_slot) if trans_a else a_slot
+          return common.a_operand(a_slot, trans_a)
         if trans_a:
           return common.transposed(a_slot.at[:, wg_rows])
         return a_slot.at[wg_rows, :]
