@@ -41,7 +41,7 @@ from jax import lax
 
 import jaxgemm
 from jaxgemm import dispatch, registry, tuning
-from jaxgemm.timing import Timer, summarize
+from jaxgemm.timing import Timer, summarize, time_paired
 
 from . import problems as P
 
@@ -435,23 +435,6 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     emit(row)
   del bufs, refs, ref_compiled
   return rows
-
-
-def time_paired(timer: Timer, kernel, reference, bufs, iters: int) -> tuple[list, list]:
-  """(kernel's, reference's) per-call times (ms), `iters` each, interleaved.
-
-  Timed in four blocks of iters / 2 calls, reference-kernel-kernel-reference,
-  so a drift of the GPU's clocks during a problem weighs on both alike. Timed
-  one after the other, the one timed first is favoured: in the Pallas probes
-  XLA's dot, timed again after a dozen kernels, read 0.4-2% slower on the
-  8192-sized problems (8192x14336x4096: 826.2 then 810.5 TFLOP/s,
-  bench/results/probes/pallas-2026-11-23/probe_stream_k.log; 8192x4096x14336:
-  820.6 then 749.6, bench/results/probes/pallas-2026-11-23c/probe_pingpong.log).
-  """
-  half = max(1, iters // 2)
-  ref_ms = timer.time(reference, bufs, half)
-  kernel_ms = timer.time(kernel, bufs, half) + timer.time(kernel, bufs, iters - half)
-  return kernel_ms, ref_ms + timer.time(reference, bufs, iters - half)
 
 
 def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled,

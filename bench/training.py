@@ -32,13 +32,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxgemm
-from jaxgemm.timing import summarize
+from jaxgemm.timing import summarize, time_paired
 
 from . import problems as P
 from .runner import (AUTO, AUTO_VARIANT, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL,
                      STATUS_OK, STATUS_SKIPPED, STATUS_UNSUPPORTED, TOLERANCE, Context, Watchdog,
-                     base_row, excluded, is_not_implemented, precision_of, short_error,
-                     time_paired)
+                     base_row, excluded, is_not_implemented, precision_of, short_error)
 
 # Largest relative difference |loss - loss_xla| / loss_xla allowed at any step.
 TRAJECTORY_TOL = {"bf16": 5e-2, "fp16": 3e-2, "fp32": 2e-2, "fp32-highest": 1e-3}

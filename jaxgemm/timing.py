@@ -5,7 +5,8 @@ up function `iters` more times and returns the per-iteration times in
 milliseconds. On a GPU these are CUPTI's kernel times summed over the kernels
 one call launches (`jax.experimental.mosaic.gpu.profiler.measure`, which does
 one more warm-up call of its own before it starts recording); launch gaps
-and host overhead are not in them. Elsewhere, or if CUPTI cannot be used,
+and host overhead are not in them. `time_paired` times a kernel interleaved
+with a reference (XLA's dot), as the benchmark and the autotuner compare them. Elsewhere, or if CUPTI cannot be used,
 they are wall-clock times of `block_until_ready(f(*args))`, and the timer's
 label says so on every row.
 """
@@ -121,3 +122,22 @@ class Timer:
         self._measure = None
         return _wall(f, args, iters)
       raise
+
+
+def time_paired(timer: Timer, kernel, reference, args, iters: int) -> tuple[list, list]:
+  """(kernel's, reference's) per-call times (ms), `iters` each, interleaved.
+
+  Both are already compiled and warmed up; both are called on `args`.
+
+  Timed in four blocks of iters / 2 calls, reference-kernel-kernel-reference,
+  so a drift of the GPU's clocks during a problem weighs on both alike. Timed
+  one after the other, the one timed first is favoured: in the Pallas probes
+  XLA's dot, timed again after a dozen kernels, read 0.4-2% slower on the
+  8192-sized problems (8192x14336x4096: 826.2 then 810.5 TFLOP/s,
+  bench/results/probes/pallas-2026-11-23/probe_stream_k.log; 8192x4096x14336:
+  820.6 then 749.6, bench/results/probes/pallas-2026-11-23c/probe_pingpong.log).
+  """
+  half = max(1, iters // 2)
+  ref_ms = timer.time(reference, args, half)
+  kernel_ms = timer.time(kernel, args, half) + timer.time(kernel, args, iters - half)
+  return kernel_ms, ref_ms + timer.time(reference, args, iters - half)

@@ -324,14 +324,14 @@ def test_kernels_are_timed_interleaved_with_xla():
   kernel, reference): a clock that slows during the problem must not favour
   whichever is timed first."""
   timer = DriftingTimer()
-  kernel_ms, ref_ms = runner.time_paired(timer, "kernel", "xla", (), 20)
+  kernel_ms, ref_ms = timing.time_paired(timer, "kernel", "xla", (), 20)
   assert timer.calls == [("xla", 10), ("kernel", 10), ("kernel", 10), ("xla", 10)]
   assert len(kernel_ms) == len(ref_ms) == 20
   # The same function under the same drift measures the same (timed one after
   # the other it would read 10% apart).
   ratio = runner.summarize(ref_ms)["median_ms"] / runner.summarize(kernel_ms)["median_ms"]
   assert ratio == pytest.approx(1.0, abs=0.01)
-  assert len(runner.time_paired(DriftingTimer(), "k", "x", (), 3)[0]) == 3   # the CPU's 3 iters
+  assert len(timing.time_paired(DriftingTimer(), "k", "x", (), 3)[0]) == 3   # the CPU's 3 iters
 
 
 def test_training_step_is_timed_interleaved_with_xla():
