@@ -24,6 +24,7 @@ import pytest
 from jax import lax
 
 import jaxgemm
+from gemm_testing import DriftingTimer
 from jaxgemm import registry, timing, tuning_cache
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import problems as P
@@ -305,18 +306,6 @@ def test_training_detects_a_wrong_gemm():
   assert "time_ms_median" not in steps["xla"]
   losses = [r for r in out if r["kind"] == "train_loss"]
   assert len(losses) == 2 * SMALL.steps
-
-
-class DriftingTimer:
-  """A throttling GPU: each timed block runs 10% slower than the one before."""
-  label = "fake"
-
-  def __init__(self):
-    self.calls = []
-
-  def time(self, f, args, iters):
-    self.calls.append((f, iters))
-    return [1.1 ** (len(self.calls) - 1)] * iters
 
 
 def test_kernels_are_timed_interleaved_with_xla():

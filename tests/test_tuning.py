@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import jaxgemm
-from gemm_testing import assert_gemm_close, matmul_reference, random_array, tolerance
+from gemm_testing import (DriftingTimer, assert_gemm_close, matmul_reference, random_array,
+                          tolerance)
 from jaxgemm import dispatch, primitive, registry, tuning, tuning_cache
 from jaxgemm.backends.triton import TritonConfig
 
@@ -236,20 +237,13 @@ def test_autotune_times_each_candidate_interleaved_with_xla(cache, monkeypatch):
   that slows 10% per timed block, a kernel as fast as XLA reads ~1x (timed
   against one XLA timing at the problem's start it would read 0.1-0.5x), and
   the cache keeps that pair of times for auto to rank by."""
-  blocks = []
-
-  class DriftingTimer:
-    label = "drifting"
-
-    def time(self, f, args, iters):
-      blocks.append(f)
-      return [1.1 ** len(blocks)] * iters
-
-  monkeypatch.setattr(tuning, "Timer", lambda platform: DriftingTimer())
+  timer = DriftingTimer()
+  monkeypatch.setattr(tuning, "Timer", lambda platform: timer)
   p = problem(m=32, n=32, k=32)
   report = jaxgemm.autotune(problems=[p], backends=["triton"], iters=2, log=None)
   ok = [t for t in report.trials if t.status == "ok"]
   assert len(ok) >= 2, report.summary()
+  blocks = [f for f, _ in timer.calls]
   xla_first = blocks[0]
   for t in ok:
     assert t.speedup_vs_xla == pytest.approx(1.0, abs=0.02)
