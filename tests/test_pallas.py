@@ -91,7 +91,7 @@ def test_variants_in_ladder_order():
 
 @pytest.mark.parametrize("field,value", [("tile_m", 96), ("tile_m", 32), ("tile_n", 512),
                                          ("tile_k", 8), ("max_concurrent_steps", 0),
-                                         ("cluster_m", 3)])
+                                         ("cluster_m", 3), ("split_rounds", 3)])
 def test_config_rejects_bad_fields(field, value):
   with pytest.raises(ValueError, match=f"PallasConfig.{field}={value}"):
     PallasConfig(**{field: value})
@@ -149,6 +149,9 @@ def test_variant_specific_config_errors():
     BACKEND.check(p, "pingpong", PallasConfig(tile_m=64, cluster_n=2))
   with pytest.raises(ValueError, match="does not use clusters"):
     BACKEND.check(p, "basic", PallasConfig(cluster_m=2))
+  with pytest.raises(ValueError, match="split_rounds=2 .only 'stream_k' takes it"):
+    BACKEND.check(p, "clusters", PallasConfig(tile_m=256, cluster_n=2, split_rounds=2))
+  BACKEND.check(p, "stream_k", PallasConfig(tile_m=256, cluster_n=2, split_rounds=2))
 
 
 @pytest.mark.parametrize("variant", pallas.VARIANTS)
@@ -312,38 +315,60 @@ def test_interpreter_exact_c_stores(variant, case):
 # ---------------------------------------------------------------- stream-K
 
 def test_stream_k_plan():
-  # 8192x4096x14336 in 256x256 cluster tiles on the H200's 66 clusters.
+  # 8192x4096x14336 in 256x256 cluster tiles on the H200's 66 clusters: 27
+  # whole rounds, and the last round's 10 tiles split over all 66 workers.
   sk = ws.plan_stream_k(tiles=1792, workers=66, k_iters=64)
-  assert (sk.dp_tiles, sk.sk_tiles, sk.units_per_tile) == (26 * 66, 76, 32)
+  assert (sk.dp_tiles, sk.sk_tiles, sk.units_per_tile, sk.units_per_worker) == (
+      27 * 66, 10, 32, 5)
   assert sk.units_per_worker * sk.workers >= sk.sk_units             # every unit has a worker
-  assert sk.units_per_tile < sk.units_per_worker < 2 * sk.units_per_tile  # <= 2 workers a tile
-  assert ws.plan_stream_k(1024, 66, 128) is None     # 8192^3: split tiles 10% of the run
+  # 8192^3: 15 whole rounds, 34 tiles of 64 units in about two halves each.
+  sk = ws.plan_stream_k(1024, 66, 128)
+  assert (sk.dp_tiles, sk.sk_tiles, sk.units_per_worker) == (990, 34, 33)
+  assert ws.plan_stream_k(128, 66, 64) is None       # 4096^3: the last round 94% full
   assert ws.plan_stream_k(1980, 66, 128) is None     # whole rounds
   assert ws.plan_stream_k(1792, 66, 65) is None      # K steps not in pairs
-  assert ws.plan_stream_k(40, 66, 64) is None        # less than one round
+  assert ws.plan_stream_k(1024, 66, 16) is None      # 8192x1024x8192: tiles too short
+  assert ws.plan_stream_k(40, 66, 64) is None        # a partial round only: all tiles split
+  assert ws.plan_stream_k(512, 66, 224) is None      # 8192x14336x4096: split tiles 10%
+
+
+def test_stream_k_plan_over_two_rounds():
+  sk = ws.plan_stream_k(tiles=1792, workers=66, k_iters=64, split_rounds=2)
+  assert (sk.dp_tiles, sk.sk_tiles, sk.units_per_tile) == (26 * 66, 76, 32)
+  assert sk.units_per_tile < sk.units_per_worker < 2 * sk.units_per_tile  # <= 2 workers a tile
 
 
 STREAM_K_CASES = [
-    # Cluster tiles of 128x128 on the interpreter's 3 clusters: (dp_tiles,
-    # sk_tiles) = (3, 4) and (0, 4); owners, contributors and whole tiles.
-    pytest.param((1, 128, 896, 128, False, False, jnp.bfloat16), id="NN-bf16-128x896x128"),
-    pytest.param((2, 128, 256, 128, True, True, jnp.float16), id="TT-fp16-b2-128x256x128"),
+    # Cluster tiles of 128x128 on the interpreter's 3 clusters, K steps of 32.
+    # 7 tiles: 2 whole rounds, then one tile of 6 units split three ways (an
+    # owner and two contributors).
+    pytest.param((1, 128, 896, 384, False, False, jnp.bfloat16), 1, id="NN-bf16-128x896x384"),
+    # 5 tiles: a whole round, then two tiles of 3 units on 2 units a worker:
+    # the middle worker contributes to one and owns the other.
+    pytest.param((1, 128, 640, 192, False, False, jnp.bfloat16), 1, id="NN-bf16-128x640x192"),
+    pytest.param((2, 128, 256, 384, True, True, jnp.float16), 1, id="TT-fp16-b2-128x256x384"),
     # C stored exact (N = 890) under the split.
-    pytest.param((1, 128, 890, 128, False, True, jnp.bfloat16), id="NT-bf16-128x890x128"),
+    pytest.param((1, 128, 890, 192, False, True, jnp.bfloat16), 1, id="NT-bf16-128x890x192"),
+    # Over the last two rounds: (dp_tiles, sk_tiles) = (3, 4), a worker's share
+    # longer than a tile.
+    pytest.param((1, 128, 896, 128, False, False, jnp.bfloat16), 2, id="NN-bf16-128x896x128-2r"),
 ]
 
 
-@pytest.mark.parametrize("case", STREAM_K_CASES)
-def test_interpreter_stream_k(case, monkeypatch):
-  """Rung 5 with the split forced (small problems never meet its 5% rule), on
-  6 interpreted SMs: three clusters share the last round."""
+@pytest.mark.parametrize("case,split_rounds", STREAM_K_CASES)
+def test_interpreter_stream_k(case, split_rounds, monkeypatch):
+  """Rung 5 with the split forced (small problems never meet its rules of 5%
+  of the tiles and 64 K steps), on 6 interpreted SMs: three clusters share
+  the split tiles."""
   monkeypatch.setattr(ws, "MAX_STREAM_K_SHARE", 1.0)
+  monkeypatch.setattr(ws, "MIN_STREAM_K_STEPS", 4)
   monkeypatch.setattr(common, "num_sms", lambda interpret: 6)
   batch, m, n, k, ta, tb, dtype = case
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
-  cfg = small_config("stream_k", cluster_m=1, cluster_n=2)
+  cfg = small_config("stream_k", cluster_m=1, cluster_n=2, split_rounds=split_rounds)
   tiles = batch * common.cdiv(m, cfg.tile_m) * common.cdiv(n, 2 * cfg.tile_n)
-  assert ws.plan_stream_k(tiles, common.num_sms(True) // 2, k // cfg.tile_k) is not None
+  assert ws.plan_stream_k(tiles, common.num_sms(True) // 2, k // cfg.tile_k,
+                          split_rounds) is not None
   stream_k = importlib.import_module("jaxgemm.kernels.pallas.stream_k").stream_k
   a, b = operands(p, seed=4)
   out = jax.jit(lambda a, b: stream_k(a, b, p, cfg, interpret=True))(a, b)
@@ -351,17 +376,18 @@ def test_interpreter_stream_k(case, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("split_rounds", [1, 2])
 @pytest.mark.parametrize("shape,trans", [((1, 8192, 14336, 4096), (False, False)),
-                                         ((16, 2048, 4096, 512), (True, True))])
-def test_gpu_stream_k_matches_reference_and_is_deterministic(shape, trans):
+                                         ((8, 4096, 4096, 4096), (True, True))])
+def test_gpu_stream_k_matches_reference_and_is_deterministic(shape, trans, split_rounds):
   if not on_gpu():
     pytest.skip("needs an NVIDIA GPU")
   p = problem(*shape, trans_a=trans[0], trans_b=trans[1])
-  cfg = BACKEND.default_config(p, "stream_k")
+  cfg = dataclasses.replace(BACKEND.default_config(p, "stream_k"), split_rounds=split_rounds)
   tiles = p.batch * common.cdiv(p.m, cfg.tile_m * cfg.cluster_m) * common.cdiv(
       p.n, cfg.tile_n * cfg.cluster_n)
   workers = common.num_sms(False) // 2
-  assert ws.plan_stream_k(tiles, workers, common.cdiv(p.k, cfg.tile_k)) is not None
+  assert ws.plan_stream_k(tiles, workers, common.cdiv(p.k, cfg.tile_k), split_rounds) is not None
   f = jax.jit(lambda a, b: jaxgemm.matmul_p.bind(
       a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
       acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant="stream_k", config=cfg))

@@ -56,6 +56,9 @@ class PallasConfig(KernelConfig):
   cluster_m, cluster_n: the cluster shape of rung 4 (one of them 2): CTAs of
     a cluster along M share B's tile, along N share A's, multicast by TMA.
   epi_tile_n: columns per epilogue store in the persistent rungs.
+  split_rounds: how many of the persistent grid's last rounds rung 5 splits
+    along K between all clusters: 1, the partial last round only, or 2, that
+    and the round before (each cluster then takes more than a tile's K steps).
   """
 
   backend = "pallas"
@@ -69,6 +72,7 @@ class PallasConfig(KernelConfig):
   cluster_m: int = int_range(1, 2, default=1)
   cluster_n: int = int_range(1, 2, default=1)
   epi_tile_n: int = power_of_two(16, 256, default=64)
+  split_rounds: int = int_range(1, 2, default=1)
 
 
 def _pow2_at_least(x: int, lo: int, hi: int) -> int:
@@ -143,6 +147,9 @@ class PallasBackend(registry.Backend):
     elif (config.cluster_m, config.cluster_n) != (1, 1):
       raise ValueError(f"variant={variant!r} does not use clusters; got "
                        f"cluster_m={config.cluster_m}, cluster_n={config.cluster_n}")
+    if variant != "stream_k" and config.split_rounds != 1:
+      raise ValueError(f"variant={variant!r} does not split tiles along K; got "
+                       f"split_rounds={config.split_rounds} (only 'stream_k' takes it)")
     parts = smem_bytes(problem, variant, config)
     total = sum(parts.values())
     if total > _SMEM_CAPACITY_BYTES:
@@ -205,14 +212,19 @@ class PallasBackend(registry.Backend):
     return config
 
   def tuning_candidates(self, problem: GemmProblem) -> list[tuple[str, PallasConfig]]:
-    """The top five rungs at their defaults, and clusters walking tiles M-minor.
+    """The top five rungs at their defaults, clusters walking tiles M-minor,
+    and stream_k splitting the last two rounds.
 
     Which walk keeps more of A and B in L2 depends on the shape (the snake
-    runs along N by default); the autotuner measures both.
+    runs along N by default), and which split pays too (H200: splitting only
+    the last round won on 8192^3, two rounds on 8192x4096x28672:
+    bench/results/probes/pallas-2026-11-23f/probe_tail.log); the autotuner
+    measures them.
     """
     out = [(v, self.default_config(problem, v))
            for v in ("stream_k", "clusters", "warp_specialized", "pipelined", "pingpong")]
     out.append(("clusters", dataclasses.replace(out[1][1], grid_minor_m=True)))
+    out.append(("stream_k", dataclasses.replace(out[0][1], split_rounds=2)))
     return out
 
   def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):

@@ -33,10 +33,8 @@ from jaxgemm.kernels.pallas import warp_specialized
 
 
 def clusters(a, b, problem, config, interpret: bool = False):
-  """C = op(A) @ op(B) for `problem` with rung 4's kernel."""
-  if config.cluster_m * config.cluster_n != 2:
-    raise ValueError(f"clusters runs 2-CTA clusters: got cluster_m={config.cluster_m}, "
-                     f"cluster_n={config.cluster_n}")
+  """C = op(A) @ op(B) for `problem` with rung 4's kernel (a 2-CTA
+  cluster shape in `config`: `PallasBackend.check` validates it)."""
   return warp_specialized.persistent_call(a, b, problem, config, interpret,
                                           cluster_m=config.cluster_m,
                                           cluster_n=config.cluster_n)

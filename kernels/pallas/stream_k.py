@@ -2,24 +2,28 @@
 
 What it adds over `clusters`: the work of a persistent grid comes in whole
 tiles, so when the tile count is not a multiple of the workers (clusters,
-one CTA per SM), the last round runs partly empty: 8192x4096x14336 in
-256x256 cluster tiles is 1792 tiles on 66 clusters, 28 rounds where the
-work is 27.2. Here the tiles of the last two rounds are cut into units of
-two K steps and every worker takes an equal share of them
-(`warp_specialized.plan_stream_k`). A tile split between two workers is
-finished by its owner, which adds the other's partial sums, passed through
-an f32 workspace in global memory and a semaphore
-(`warp_specialized.stream_k_tail`); the sum has two terms in a fixed order,
-so results are deterministic.
+one CTA per SM), the last round runs partly empty: 8192^3 in 256x256 cluster
+tiles is 1024 tiles on 66 clusters, 16 rounds where the work is 15.5. Here
+the tiles of the last round (config `split_rounds=1`) or of the last two
+(`split_rounds=2`) are cut into units of two K steps and every worker takes
+an equal share of them (`warp_specialized.plan_stream_k`). A split tile is
+finished by its owner, which adds the others' partial sums, passed through
+an f32 workspace in global memory and semaphores
+(`warp_specialized.stream_k_tail`), in a fixed order: results are
+deterministic.
 
-Measured (H200, jax 0.11.2, CUPTI median of 20, bf16, XLA's dot in the same
-process): on 8192x4096x14336 1.5% faster than `clusters` in two runs (1194
-vs 1210 us, 1233 vs 1245 us). The split tiles run slower than whole ones
-(workers at different K offsets stop sharing operand tiles in L2), so where
-they are a large share of the run it loses: 4096^3 6% slower,
-8192x14336x4096 8% (bench/results/probes/pallas-2026-11-23/probe_stream_k.log,
-probe_chain.log). The split is therefore used only when the last two rounds
-are at most 5% of the tiles; everywhere else this rung runs as rung 4.
+Measured (H200, jax 0.11.2, CUPTI, bf16, kernel time against `clusters` in the
+same process; bench/results/probes/pallas-2026-11-23f/probe_tail.log, two reps):
+splitting the last round, 8192^3 ran 1.9% and 4.0% faster than `clusters`
+(1357 and 1362 us; XLA's dot 1380-1390 us there, 1.02x and 1.01x), and
+8192x4096x14336 1220 and 1223 us (two rounds: 1246 and 1207). Split tiles run
+slower than whole ones (workers at different K offsets stop sharing operand
+tiles in L2), so where they are a large share of the run the split loses
+(two rounds: 8192x14336x4096 4% and 7% slower, 6144^3 5% and 4%), and with few K steps
+the partial sums cost more than the idle SMs (8192x1024x8192: 2-3% slower).
+The split is therefore used only when it is at most 5% of the tiles and tiles
+have at least 64 K steps; everywhere else this rung runs as rung 4. Which of
+the two splits is faster depends on the shape; the autotuner tries both.
 """
 
 from __future__ import annotations

@@ -72,15 +72,13 @@ class StreamK:
 
   A worker is a cluster (one CTA per SM, so `workers` = SMs / cluster size).
   The first `dp_tiles` tiles (whole rounds of `workers`) are data-parallel:
-  one worker computes a whole tile. The remaining `sk_tiles` (more than one
-  round's worth, less than two) are cut into units of two K steps, and
-  worker w computes units [w * units_per_worker, (w + 1) * units_per_worker)
-  in tile order. Since a worker's share is longer than a tile, a tile is
-  split between at most two workers: the "owner" holds its first K steps (at
-  the end of the owner's share), the "contributor" the rest (at the start of
-  its share, so the owner rarely waits). The contributor writes its partial
-  f32 sums to a workspace and signals; the owner waits, adds them and stores
-  the tile. Two terms in a fixed order: the result is deterministic.
+  one worker computes a whole tile. The remaining `sk_tiles` (the last one or
+  two rounds' worth, the last one partial) are cut into units of two K steps, and worker w computes units [w * units_per_worker,
+  (w + 1) * units_per_worker) in tile order. A tile split between workers is
+  finished by its "owner", the one holding its first K steps; the following
+  workers, its "contributors", write their partial f32 sums to a workspace
+  and signal; the owner waits, adds them in worker order and stores the tile,
+  so the result is deterministic.
   """
 
   workers: int
@@ -97,27 +95,35 @@ class StreamK:
 # Stream-K pays one extra tile epilogue and a partial's round trip through L2
 # per worker; below this share of a round saved it is not worth it.
 MIN_STREAM_K_SAVING = 0.1
+# ...nor on short tiles: with 16 K steps (8192x1024x8192) both splits ran 2-3%
+# slower than `clusters` (bench/results/probes/pallas-2026-11-23f/probe_tail.log).
+MIN_STREAM_K_STEPS = 64
 # The split tiles run slower than whole ones: workers at different K offsets
 # stop sharing operand tiles in L2. On the H200 the split paid only where its
-# tiles were a small share of the run (8192x4096x14336: 76 of 1792 tiles, 1.5%
-# faster than `clusters` in two runs) and lost where they were not (8192^3:
-# 100 of 1024, even; 8192x14336x4096: 116 of 512, 8% slower; 4096^3: 124 of
-# 256, 6% slower): bench/results/probes/pallas-2026-11-23/probe_stream_k.log
-# and probe_chain.log.
+# tiles were a small share of the run and lost where they were not. Over two
+# rounds (bench/results/probes/pallas-2026-11-23/probe_stream_k.log and
+# probe_chain.log): 8192x4096x14336, 76 of 1792 tiles, 1.5% faster than
+# `clusters`; 8192^3, 100 of 1024, even; 8192x14336x4096, 116 of 512, 8% slower;
+# 4096^3, 124 of 256, 6% slower. The last round only (probe_tail.log, two reps
+# each, in kernel time against `clusters`'): 8192^3, 34 of 1024, 1.9% and 4.0%
+# faster; 8192x14336x4096, 50 of 512, 2.3% faster and 0.9% slower; 6144^3, 48 of
+# 576, 0.4% slower.
 MAX_STREAM_K_SHARE = 0.05
 
 
-def plan_stream_k(tiles: int, workers: int, k_iters: int) -> StreamK | None:
+def plan_stream_k(tiles: int, workers: int, k_iters: int,
+                  split_rounds: int = 1) -> StreamK | None:
   """The stream-K split of `tiles` on `workers`, or None to keep whole tiles.
 
   A data-parallel grid of `tiles` runs ceil(tiles / workers) rounds; stream-K
   runs tiles / workers (plus its overheads). 8192x4096x14336 in 256x256
   cluster tiles on 66 clusters: 1792 tiles, 28 rounds where 27.2 would do.
+  The split covers the last `split_rounds` rounds (the last one partial).
   """
   rounds, left = divmod(tiles, workers)
-  if rounds == 0 or left == 0 or k_iters % 2 or k_iters < 4:
-    return None  # a partial round only, no partial round, or K steps not in pairs
-  dp_tiles = (rounds - 1) * workers
+  if rounds < split_rounds - 1 or left == 0 or k_iters % 2 or k_iters < MIN_STREAM_K_STEPS:
+    return None  # too few rounds, no partial round, K steps not in pairs or too few
+  dp_tiles = (rounds + 1 - split_rounds) * workers
   sk_tiles = tiles - dp_tiles
   if 1 - left / workers < MIN_STREAM_K_SAVING or sk_tiles > MAX_STREAM_K_SHARE * tiles:
     return None
@@ -367,33 +373,38 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
 def stream_k_tail(work, sk: StreamK, partials_gmem, sems, worker, step, cta, wg,
                   cluster: int, interpret: bool):
   """This worker's share of the stream-K tiles: at most three segments
-  (the end of one tile, a whole tile, the start of another), handed to
+  (the end of one tile, whole tiles, the start of another), handed to
   `work(lin, k_start, k_steps, step, finish)` from ring position `step` on;
   returns the ring position after them.
 
-  The contributor of a tile is always the owner's successor, and each worker
-  contributes at most once (its first segment), so the workspace holds one
-  partial per (CTA, consumer) and one GMEM semaphore each (`sems`), signalled
-  once and reset by the owner's decrementing wait. The Mosaic GPU interpreter
-  (jax 0.10.2) allocates no semaphores and runs the grid's clusters one after
-  another: there workers are numbered backwards, so every contributor has
-  finished before its owner starts.
+  A split tile's owner (the worker holding its first K steps) is followed by
+  its contributors, the next workers up to the one holding its last unit.
+  Each worker contributes at most once (its first segment), so the workspace
+  holds one partial per (CTA, consumer) and one GMEM semaphore each (`sems`),
+  signalled once and reset by the owner's decrementing wait; the owner adds
+  the partials in worker order, so the sum's order is fixed. The Mosaic GPU
+  interpreter (jax 0.10.2) allocates no semaphores and runs the grid's
+  clusters one after another: there workers are numbered backwards, so every
+  contributor has finished before its owner starts.
   """
   i32 = jnp.int32
   if interpret:
     worker = sk.workers - 1 - worker
   me = worker * cluster + cta                             # this CTA's workspace slot
-  successor = jnp.minimum(worker + 1, sk.workers - 1) * cluster + cta
   start = worker * sk.units_per_worker
   end = jnp.minimum(start + sk.units_per_worker, sk.sk_units)
   seg_start = start
   for _ in range(3):
     tile, unit = seg_start // sk.units_per_tile, seg_start % sk.units_per_tile
     units = jnp.minimum(sk.units_per_tile - unit, end - seg_start)
-    is_contributor = unit > 0                             # holds the tile's last K steps
-    is_owner = (unit == 0) & (units < sk.units_per_tile)  # holds its first K steps
+    is_contributor = unit > 0                             # holds later K steps
+    is_owner = (unit == 0) & (units < sk.units_per_tile)  # holds its first K steps only
+    # The owner's contributors: workers worker + 1 .. the one with the tile's last unit.
+    last = ((tile + 1) * sk.units_per_tile - 1) // sk.units_per_worker
+    contributors = jnp.where(is_owner, last - worker, 0)
 
-    def finish(acc, store, owns_tile, is_contributor=is_contributor, is_owner=is_owner):
+    def finish(acc, store, owns_tile, is_contributor=is_contributor,
+               contributors=contributors):
       @pl.when(is_contributor & owns_tile)
       def _contribute():
         for r in range(0, acc.shape[0], EPI_TILE_M):   # in row blocks, as the epilogue
@@ -401,21 +412,21 @@ def stream_k_tail(work, sk: StreamK, partials_gmem, sems, worker, step, cta, wg,
         if not interpret:
           pl.semaphore_signal(sems.at[me * 2 + wg])
 
-      adds = is_owner & owns_tile
+      adds = jnp.where(owns_tile, contributors, 0)
       if not interpret:
-        @pl.when(adds)
-        def _wait():
-          pl.semaphore_wait(sems.at[successor * 2 + wg], 1)
+        @pl.loop(1, adds + 1)
+        def _wait(i):
+          pl.semaphore_wait(sems.at[((worker + i) * cluster + cta) * 2 + wg], 1)
 
-      def add_partial(piece, rows, cols):
-        ref = partials_gmem.at[successor, wg, rows, cols]
-        load = (lambda: ref[...]) if interpret else (
-            lambda: common.load_gmem(ref))
-        return lax.cond(adds, lambda: piece + load(), lambda: piece)
+      def add_partials(piece, rows, cols):
+        def add_one(i, piece):
+          ref = partials_gmem.at[(worker + i) * cluster + cta, wg, rows, cols]
+          return piece + (ref[...] if interpret else common.load_gmem(ref))
+        return lax.fori_loop(1, adds + 1, add_one, piece)
 
       @pl.when(~is_contributor)
       def _store():
-        store(acc, add_partial)
+        store(acc, add_partials)
 
     @pl.when(units > 0)
     def _segment(tile=tile, unit=unit, units=units, finish=finish, step=step):
@@ -526,7 +537,8 @@ def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
     cluster_tiles = (dims.batch * common.cdiv(dims.m, tm * cluster_m)
                      * common.cdiv(dims.n, tn * cluster_n))
     grid = max(1, min(common.num_sms(interpret) // cluster, cluster_tiles))
-    schedule = plan_stream_k(cluster_tiles, grid, k_iters) if stream_k else None
+    schedule = (plan_stream_k(cluster_tiles, grid, k_iters, config.split_rounds)
+                if stream_k else None)
     body = functools.partial(
         persistent_kernel, dims=dims, tm=tm, tn=tn, tk=tk, stages=stages, epi_tn=epi_tn,
         trans_a=problem.trans_a, trans_b=problem.trans_b,
