@@ -5,10 +5,10 @@ up function `iters` more times and returns the per-iteration times in
 milliseconds. On a GPU these are CUPTI's kernel times summed over the kernels
 one call launches (`jax.experimental.mosaic.gpu.profiler.measure`, which does
 one more warm-up call of its own before it starts recording); launch gaps
-and host overhead are not in them. `time_paired` times a kernel interleaved
-with a reference (XLA's dot), as the benchmark and the autotuner compare them. Elsewhere, or if CUPTI cannot be used,
+and host overhead are not in them. Elsewhere, or if CUPTI cannot be used,
 they are wall-clock times of `block_until_ready(f(*args))`, and the timer's
-label says so on every row.
+label says so on every row. `time_paired` times a kernel interleaved with a
+reference (XLA's dot), as the benchmark and the autotuner compare them.
 """
 
 from __future__ import annotations
