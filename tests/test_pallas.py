@@ -342,27 +342,30 @@ STREAM_K_CASES = [
     # Cluster tiles of 128x128 on the interpreter's 3 clusters, K steps of 32.
     # 7 tiles: 2 whole rounds, then one tile of 6 units split three ways (an
     # owner and two contributors).
-    pytest.param((1, 128, 896, 384, False, False, jnp.bfloat16), 1, id="NN-bf16-128x896x384"),
+    pytest.param((1, 128, 896, 384, False, False, jnp.bfloat16), 1, 6, id="NN-bf16-128x896x384"),
     # 5 tiles: a whole round, then two tiles of 3 units on 2 units a worker:
     # the middle worker contributes to one and owns the other.
-    pytest.param((1, 128, 640, 192, False, False, jnp.bfloat16), 1, id="NN-bf16-128x640x192"),
-    pytest.param((2, 128, 256, 384, True, True, jnp.float16), 1, id="TT-fp16-b2-128x256x384"),
+    pytest.param((1, 128, 640, 192, False, False, jnp.bfloat16), 1, 6, id="NN-bf16-128x640x192"),
+    pytest.param((2, 128, 256, 384, True, True, jnp.float16), 1, 6, id="TT-fp16-b2-128x256x384"),
     # C stored exact (N = 890) under the split.
-    pytest.param((1, 128, 890, 192, False, True, jnp.bfloat16), 1, id="NT-bf16-128x890x192"),
+    pytest.param((1, 128, 890, 192, False, True, jnp.bfloat16), 1, 6, id="NT-bf16-128x890x192"),
     # Over the last two rounds: (dp_tiles, sk_tiles) = (3, 4), a worker's share
     # longer than a tile.
-    pytest.param((1, 128, 896, 128, False, False, jnp.bfloat16), 2, id="NN-bf16-128x896x128-2r"),
+    pytest.param((1, 128, 896, 128, False, False, jnp.bfloat16), 2, 6, id="NN-bf16-128x896x128-2r"),
+    # On 8 SMs (four clusters): 5 tiles, the last one split four ways, one
+    # unit each: an owner adds three partials.
+    pytest.param((1, 128, 640, 256, False, False, jnp.bfloat16), 1, 8, id="NN-bf16-128x640x256-8sm"),
 ]
 
 
-@pytest.mark.parametrize("case,split_rounds", STREAM_K_CASES)
-def test_interpreter_stream_k(case, split_rounds, monkeypatch):
+@pytest.mark.parametrize("case,split_rounds,sms", STREAM_K_CASES)
+def test_interpreter_stream_k(case, split_rounds, sms, monkeypatch):
   """Rung 5 with the split forced (small problems never meet its rules of 5%
-  of the tiles and 64 K steps), on 6 interpreted SMs: three clusters share
-  the split tiles."""
+  of the tiles and 64 K steps), on 6 interpreted SMs (unless the case says
+  otherwise): three clusters share the split tiles."""
   monkeypatch.setattr(ws, "MAX_STREAM_K_SHARE", 1.0)
   monkeypatch.setattr(ws, "MIN_STREAM_K_STEPS", 4)
-  monkeypatch.setattr(common, "num_sms", lambda interpret: 6)
+  monkeypatch.setattr(common, "num_sms", lambda interpret: sms)
   batch, m, n, k, ta, tb, dtype = case
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
   cfg = small_config("stream_k", cluster_m=1, cluster_n=2, split_rounds=split_rounds)
