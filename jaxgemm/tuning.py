@@ -14,8 +14,8 @@ and, with ``backward=True``, the GEMMs its gradient would run; then for each
 problem it times XLA's dot (the `xla` backend, what ``backend="auto"`` falls
 back to) and each backend's candidate configs
 (`Backend.tuning_candidates`), checks each result against XLA's before timing
-it, times it interleaved with XLA's dot (`jaxgemm.timing.time_paired`), and
-stores the config of every (backend, variant) that was fastest against XLA,
+it, times it interleaved with XLA's dot (`jaxgemm.timing.time_paired`), times
+the close contenders again (`CONTENDER_MARGIN`), and stores the config of every (backend, variant) that was fastest against XLA,
 with both of its times, in the cache (`jaxgemm.tuning_cache`). From then on
 `backend="auto"` and the named backends' defaults use them (`jaxgemm.dispatch`).
 
@@ -50,6 +50,16 @@ from jaxgemm.timing import Timer, platform_of, summarize, time_paired
 # contraction columns costs about 1/sqrt(K), above them for K up to ~10^4.
 TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3, "tf32": 5e-3, "tf32x3": 1e-4,
              "ieee": 1e-4, "float64": 1e-10}
+
+# The first timing of every candidate is a screen: the candidates within this
+# fraction of the best ratio to XLA are timed again, and that second,
+# independent timing is what they are ranked and stored by. The best of many
+# noisy first readings reads high: on the H200 paired ratios of one kernel
+# moved by up to 2.3% between two timings in one process
+# (bench/results/probes/pallas-2026-11-23f/probe_tail.log), and the tuner's
+# pick for 8192x4096x28672 read 0.99x there but 0.934x in the benchmark run
+# that followed (bench/results/h200-default-2026-11-23f).
+CONTENDER_MARGIN = 0.03
 
 
 def tolerance(problem: GemmProblem) -> float:
@@ -290,6 +300,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
     report.xla_ms[problem] = xla_ms
     report.compile_s += c_s
     finished = True
+    timed = []   # (trial, its compiled kernel) of the candidates that passed
     for name, variant, config, why in _candidates(problem, backends):
       if time.perf_counter() - t_start > time_budget_s:
         finished = False
@@ -297,11 +308,15 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
       trial = Trial(problem, name, variant, config, "unsupported", note=why or "")
       report.trials.append(trial)
       if why is None:
-        _time_trial(trial, a, b, ref, compiled, timer, iters)
+        kernel = _time_trial(trial, a, b, ref, compiled, timer, iters)
         report.compile_s += trial.compile_s or 0.0
+        if kernel is not None:
+          timed.append((trial, kernel))
     if not finished:
       report.out_of_time.append(problem)
       continue
+    _time_contenders_again(timed, compiled, (a, b), timer, iters)
+    del timed
     _store(report, problem, path, kind, xla_ms, timer.label)
     report.tuned.append(problem)
     best = report.best(problem)
@@ -316,7 +331,8 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
   return report
 
 
-def _time_trial(trial: Trial, a, b, ref, xla_compiled, timer: Timer, iters: int) -> None:
+def _time_trial(trial: Trial, a, b, ref, xla_compiled, timer: Timer, iters: int):
+  """Checks and times one candidate; returns its compiled kernel if it passed."""
   try:
     compiled, trial.compile_s = _compiled(trial.problem, trial.backend, trial.variant,
                                           trial.config, a, b)
@@ -331,8 +347,26 @@ def _time_trial(trial: Trial, a, b, ref, xla_compiled, timer: Timer, iters: int)
     trial.time_ms = summarize(kernel_ms)["median_ms"]
     trial.xla_time_ms = summarize(xla_ms)["median_ms"]
     trial.status = "ok"
+    return compiled
   except Exception as e:  # noqa: BLE001 (a candidate that cannot compile is skipped, said why)
     trial.status, trial.note = "error", f"{type(e).__name__}: {str(e)[:300]}"
+  return None
+
+
+def _time_contenders_again(timed, xla_compiled, args, timer: Timer, iters: int) -> None:
+  """Times the trials within `CONTENDER_MARGIN` of the best again, in place."""
+  if not timed:
+    return
+  top = max(t.speedup_vs_xla for t, _ in timed)
+  contenders = [(t, f) for t, f in timed if t.speedup_vs_xla >= top * (1 - CONTENDER_MARGIN)]
+  if len(contenders) < 2:
+    return
+  for trial, kernel in contenders:
+    kernel_ms, xla_ms = time_paired(timer, kernel, xla_compiled, args, iters)
+    first = trial.speedup_vs_xla
+    trial.time_ms = summarize(kernel_ms)["median_ms"]
+    trial.xla_time_ms = summarize(xla_ms)["median_ms"]
+    trial.note = f"contender, timed twice (first {first:.3f}x)"
 
 
 def _store(report: TuningReport, problem: GemmProblem, path: Path | None, kind: str,
