@@ -62,6 +62,15 @@ class ModelConfig:
   vocab: int
   steps: int
   lr: float = 3e-3
+  # The usual guards of a transformer's start: the learning rate ramps up
+  # linearly over `warmup_steps`, and gradients are clipped to a global norm
+  # of `clip_norm`. Without them the GPU model's loss jumped (9.10 -> 9.89 at
+  # step 3), and such jumps made two runs that differ only in GEMM rounding
+  # part ways: XLA's own trajectory ended at 8.75 in six runs and at 8.82 in
+  # the seventh, after a spike to 10.18 at step 32 that the others did not
+  # have (bench/results/h200-default-2026-11-23e and -23f).
+  warmup_steps: int = 10
+  clip_norm: float = 1.0
 
   @property
   def tokens(self) -> int:
@@ -82,7 +91,8 @@ class ModelConfig:
   def describe(self) -> str:
     return (f"{self.n_layers}-layer decoder, d_model {self.d_model}, {self.n_heads} heads, "
             f"MLP {self.d_ff}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
-            f"Adam lr {self.lr}, {self.steps} steps")
+            f"Adam lr {self.lr} (warmup {self.warmup_steps} steps, gradients clipped to "
+            f"norm {self.clip_norm}), {self.steps} steps")
 
 
 GPU_MODEL = ModelConfig(batch=8, seq=1024, d_model=1024, n_heads=16, d_ff=4096,
@@ -163,6 +173,19 @@ def adam_update(params, grads, state, lr, b1=ADAM_B1, b2=0.999, eps=1e-8):
   return params, {"m": m, "v": v, "t": t}
 
 
+def clip_by_global_norm(grads, max_norm: float):
+  """`grads` scaled down to a global L2 norm of at most `max_norm`."""
+  norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
+                      for g in jax.tree.leaves(grads)))
+  scale = jnp.minimum(1.0, max_norm / jnp.maximum(norm, 1e-12))
+  return jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+
+
+def learning_rate(cfg: ModelConfig, t):
+  """The rate of update `t` (0-based): a linear warmup to `cfg.lr`."""
+  return cfg.lr * jnp.minimum(1.0, (t + 1) / max(cfg.warmup_steps, 1))
+
+
 def make_mm(backend: str, variant: str, dtype_name: str) -> Callable:
   prec = precision_of(dtype_name)
   if backend == REF:
@@ -176,7 +199,8 @@ def make_step(cfg: ModelConfig, mm: Callable, dtype):
 
   def step(params, opt, tokens, targets):
     loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
-    params, opt = adam_update(params, grads, opt, cfg.lr)
+    grads = clip_by_global_norm(grads, cfg.clip_norm)
+    params, opt = adam_update(params, grads, opt, learning_rate(cfg, opt["t"]))
     return params, opt, loss
 
   return jax.jit(step)
@@ -214,7 +238,9 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
   """Trains `cfg` on one GEMM implementation: (losses, grads0, step stats, info).
 
   grads0, the gradient at step 0, is read off Adam's first moment after the
-  first step (m = (1 - b1) g), so no second function is compiled for it.
+  first step (m = (1 - b1) g), so no second function is compiled for it; it
+  is the clipped gradient, whose scale 1 / norm both models share up to
+  rounding.
   info["compiled"] is the compiled step; with `reference` (XLA's compiled
   step) the two are timed interleaved and info["xla_ms"] is XLA's median.
   """
