@@ -73,9 +73,8 @@ class StreamK:
   A worker is a cluster (one CTA per SM, so `workers` = SMs / cluster size).
   The first `dp_tiles` tiles (whole rounds of `workers`) are data-parallel:
   one worker computes a whole tile. The remaining `sk_tiles` (the last one or
-  two rounds' worth, the last one partial) are cut into units of two K steps,
-  and worker w computes units [w * units_per_worker, (w + 1) *
-  units_per_worker) in tile order. A tile split between workers is
+  two rounds' worth, the last one partial) are cut into units of two K steps, and worker w computes units [w * units_per_worker,
+  (w + 1) * units_per_worker) in tile order. A tile split between workers is
   finished by its "owner", the one holding its first K steps; the following
   workers, its "contributors", write their partial f32 sums to a workspace
   and signal; the owner waits, adds them in worker order and stores the tile,
@@ -374,22 +373,19 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
 def stream_k_tail(work, sk: StreamK, partials_gmem, sems, worker, step, cta, wg,
                   cluster: int, interpret: bool):
   """This worker's share of the stream-K tiles: at most three segments
-  (the end of one tile, at most one whole tile, the start of another),
-  handed to `work(lin, k_start, k_steps, step, finish)` from ring position
-  `step` on; returns the ring position after them.
+  (the end of one tile, whole tiles, the start of another), handed to
+  `work(lin, k_start, k_steps, step, finish)` from ring position `step` on;
+  returns the ring position after them.
 
   A split tile's owner (the worker holding its first K steps) is followed by
   its contributors, the next workers up to the one holding its last unit.
   Each worker contributes at most once (its first segment), so the workspace
   holds one partial per (CTA, consumer) and one GMEM semaphore each (`sems`),
   signalled once and reset by the owner's decrementing wait; the owner adds
-  the partials in worker order, so the sum's order is fixed. (It loads them
-  one at a time: two loads in flight at once, the same sum, timed the same
-  on the H200 within the run's noise, with up to 7 contributors a tile on
-  8192x4096x14336: bench/results/probes/pallas-2026-11-23g/probe_fixup.log.)
-  The Mosaic GPU interpreter (jax 0.10.2) allocates no semaphores and runs
-  the grid's clusters one after another: there workers are numbered
-  backwards, so every contributor has finished before its owner starts.
+  the partials in worker order, so the sum's order is fixed. The Mosaic GPU
+  interpreter (jax 0.10.2) allocates no semaphores and runs the grid's
+  clusters one after another: there workers are numbered backwards, so every
+  contributor has finished before its owner starts.
   """
   i32 = jnp.int32
   if interpret:
