@@ -1,11 +1,11 @@
 """Probe (GPU): the stream-K owner loading its contributors' partials two at a time,
 and the training suite's trajectory check under a warmed-up, clipped Adam.
 
-S: `stream_k` (this tree: pairs of partial loads in flight) against XLA's f32 dot on
-   shapes whose split tiles have up to 7 contributors, forced splits included; twice on
-   the same inputs (deterministic), and bit-for-bit against the kernel before the change
-   (`ws_before.py`, main's warp_specialized.py at 6e8562d: one load at a time, the same
-   order of additions).
+S: `stream_k` with pairs of partial loads in flight (the tree's warp_specialized.py with
+   `pairs.patch` applied, loaded as `ws_pairs`) against XLA's f32 dot on shapes whose
+   split tiles have up to 7 contributors, forced splits included; twice on the same
+   inputs (deterministic), and bit-for-bit against the tree's kernel (one load at a
+   time, the same order of additions).
 T: `jaxgemm.timing.time_paired` against XLA's dot (40 calls each, three reps): `clusters`,
    `stream_k` before the change and after it.
 R: the GPU training model (bench/training.py GPU_MODEL) trained on XLA's dot, on a
@@ -22,7 +22,9 @@ import functools
 import importlib.util
 import pathlib
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -37,15 +39,18 @@ T0 = time.time()
 print("jax", jax.__version__, jax.devices(), flush=True)
 sections = sys.argv[1] if len(sys.argv) > 1 else "STR"
 ITERS = 40
-spec = importlib.util.spec_from_file_location(
-    "ws_before", pathlib.Path(__file__).with_name("ws_before.py"))
-ws_before = importlib.util.module_from_spec(spec)
-sys.modules["ws_before"] = ws_before   # dataclasses look their module up there
-spec.loader.exec_module(ws_before)
+# The change under test: the tree's kernel with pairs.patch applied, as module ws_pairs.
+_pairs_py = pathlib.Path(tempfile.mkdtemp()) / "ws_pairs.py"
+subprocess.run(["patch", "-s", "-o", str(_pairs_py), ws.__file__,
+                str(pathlib.Path(__file__).with_name("pairs.patch"))], check=True)
+spec = importlib.util.spec_from_file_location("ws_pairs", _pairs_py)
+ws_pairs = importlib.util.module_from_spec(spec)
+sys.modules["ws_pairs"] = ws_pairs   # dataclasses look their module up there
+spec.loader.exec_module(ws_pairs)
 
 
 def stream_k_fn(module, p, cfg, force=False):
-  """rung 5 from `module` (ws or ws_before), compiled now (under a forced split if asked)."""
+  """rung 5 from `module` (ws or ws_pairs), compiled now (under a forced split if asked)."""
   saved = module.MAX_STREAM_K_SHARE
   if force:
     module.MAX_STREAM_K_SHARE = 1.0
@@ -93,7 +98,7 @@ if "S" in sections:
     def check(p=p, rounds=rounds):
       global bad
       cfg = dataclasses.replace(BE.default_config(p, "stream_k"), split_rounds=rounds)
-      new, old = stream_k_fn(ws, p, cfg, force=True), stream_k_fn(ws_before, p, cfg, force=True)
+      new, old = stream_k_fn(ws_pairs, p, cfg, force=True), stream_k_fn(ws, p, cfg, force=True)
       sk = plan(p, cfg)
       most = max(((t + 1) * sk.units_per_tile - 1) // sk.units_per_worker
                  - (t * sk.units_per_tile) // sk.units_per_worker for t in range(sk.sk_tiles))
@@ -124,8 +129,8 @@ if "T" in sections:
       jax.block_until_ready(xla(a, b))
       cfg = BE.default_config(p, "stream_k")
       fns = {"clusters": clusters_fn(p, BE.default_config(p, "clusters")),
-             "sk_before": stream_k_fn(ws_before, p, cfg),
-             "sk_pairs": stream_k_fn(ws, p, cfg)}
+             "sk_before": stream_k_fn(ws, p, cfg),
+             "sk_pairs": stream_k_fn(ws_pairs, p, cfg)}
       for f in fns.values():
         jax.block_until_ready(f(a, b))
       for rep in (1, 2, 3):
