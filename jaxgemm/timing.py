@@ -124,20 +124,41 @@ class Timer:
       raise
 
 
-def time_paired(timer: Timer, kernel, reference, args, iters: int) -> tuple[list, list]:
+# Each side of a paired timing runs in blocks of about this much GPU time.
+# Timed in blocks of ten calls, XLA's dot against itself read 0.935x on
+# 4096x8192x57344 (5 ms a call) in the H200 default run -23h: its calls there
+# run at two speeds, 4.75 and about 5.4 ms, for stretches longer than a block
+# (bench/results/h200-default-2026-11-23h, llama3-70b.gate_up.t4096, `auto`
+# running XLA's dot).
+PAIR_BLOCK_MS = 10.0
+
+
+def time_paired(timer: Timer, kernel, reference, args, iters: int,
+                block_ms: float = PAIR_BLOCK_MS) -> tuple[list, list]:
   """(kernel's, reference's) per-call times (ms), `iters` each, interleaved.
 
   Both are already compiled and warmed up; both are called on `args`.
 
-  Timed in four blocks of iters / 2 calls, reference-kernel-kernel-reference,
+  Timed in alternating blocks, reference-kernel-kernel-reference and again,
   so a drift of the GPU's clocks during a problem weighs on both alike. Timed
   one after the other, the one timed first is favoured: in the Pallas probes
   XLA's dot, timed again after a dozen kernels, read 0.4-2% slower on the
   8192-sized problems (8192x14336x4096: 826.2 then 810.5 TFLOP/s,
   bench/results/probes/pallas-2026-11-23/probe_stream_k.log; 8192x4096x14336:
   820.6 then 749.6, bench/results/probes/pallas-2026-11-23c/probe_pingpong.log).
+  A block holds about `block_ms` of the reference's time (one untimed call of
+  it first sizes them), from one call up to iters / 2, so calls of a few
+  milliseconds alternate every few calls (`PAIR_BLOCK_MS`).
   """
-  half = max(1, iters // 2)
-  ref_ms = timer.time(reference, args, half)
-  kernel_ms = timer.time(kernel, args, half) + timer.time(kernel, args, iters - half)
-  return kernel_ms, ref_ms + timer.time(reference, args, iters - half)
+  estimate_ms = timer.time(reference, args, 1)[0]
+  block = max(1, min(iters // 2, round(block_ms / max(estimate_ms, 1e-6))))
+  timed = {0: [], 1: []}                      # 0: the kernel, 1: the reference
+  order = (1, 0, 0, 1)
+  turn = 0
+  while min(len(timed[0]), len(timed[1])) < iters:
+    who = order[turn % 4]
+    turn += 1
+    calls = min(block, iters - len(timed[who]))
+    if calls > 0:
+      timed[who] += timer.time(reference if who else kernel, args, calls)
+  return timed[0], timed[1]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax import lax
 
@@ -310,17 +311,48 @@ def test_training_detects_a_wrong_gemm():
 
 def test_kernels_are_timed_interleaved_with_xla():
   """XLA's dot is timed in blocks around the kernel's (reference, kernel,
-  kernel, reference): a clock that slows during the problem must not favour
-  whichever is timed first."""
+  kernel, reference), after one untimed call that sizes the blocks: a clock
+  that slows during the problem must not favour whichever is timed first."""
   timer = DriftingTimer()
   kernel_ms, ref_ms = timing.time_paired(timer, "kernel", "xla", (), 20)
-  assert timer.calls == [("xla", 10), ("kernel", 10), ("kernel", 10), ("xla", 10)]
+  # 1 ms calls: blocks of 10 (iters / 2, the cap) fill PAIR_BLOCK_MS.
+  assert timer.calls == [("xla", 1), ("xla", 10), ("kernel", 10), ("kernel", 10), ("xla", 10)]
   assert len(kernel_ms) == len(ref_ms) == 20
   # The same function under the same drift measures the same (timed one after
   # the other it would read 10% apart).
   ratio = runner.summarize(ref_ms)["median_ms"] / runner.summarize(kernel_ms)["median_ms"]
   assert ratio == pytest.approx(1.0, abs=0.01)
   assert len(timing.time_paired(DriftingTimer(), "k", "x", (), 3)[0]) == 3   # the CPU's 3 iters
+
+
+class TwoSpeedTimer:
+  """A power-capped GPU: 5 ms calls that run at full clocks for 8 calls, then 15%
+  slower for 8, and so on, counting every call of either function."""
+  label = "fake"
+
+  def __init__(self):
+    self.clock = 0
+    self.calls = []
+
+  def time(self, f, args, iters):
+    self.calls.append((f, iters))
+    out = [5.0 * (1.15 if (self.clock + i) // 8 % 2 else 1.0) for i in range(iters)]
+    self.clock += iters
+    return out
+
+
+def test_long_calls_alternate_every_few_calls():
+  """Calls of 5 ms alternate in blocks of two (about PAIR_BLOCK_MS), so a
+  function compared with itself reads 1x on a GPU whose clocks change every
+  few calls; blocks of ten (the old iters / 2) read it 13% off."""
+  timer = TwoSpeedTimer()
+  kernel_ms, ref_ms = timing.time_paired(timer, "kernel", "xla", (), 20)
+  assert timer.calls[0] == ("xla", 1)
+  assert {n for _, n in timer.calls[1:]} == {2}
+  assert len(kernel_ms) == len(ref_ms) == 20
+  assert np.median(ref_ms) / np.median(kernel_ms) == pytest.approx(1.0, abs=1e-9)
+  old = timing.time_paired(TwoSpeedTimer(), "kernel", "xla", (), 20, block_ms=1e9)
+  assert abs(np.median(old[1]) / np.median(old[0]) - 1) > 0.1
 
 
 def test_training_step_is_timed_interleaved_with_xla():
