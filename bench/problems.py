@@ -20,7 +20,6 @@ The same table doubles as test cases (tests/test_bench.py checks its shapes).
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -277,14 +276,3 @@ def select(suite: str, *, default_only: bool, quick: bool) -> list[BenchProblem]
   if default_only:
     return [p for p in probs if p.default]
   return list(probs)
-
-
-def rotation(set_bytes: int, l2_bytes: int, max_rotate: int) -> int:
-  """How many input sets to rotate among so that they do not sit in L2.
-
-  A problem whose operands and output take less than about twice the L2 cycles
-  through enough independent copies to cover twice the L2 (capped).
-  """
-  if set_bytes <= 0 or set_bytes >= 2 * l2_bytes:
-    return 1
-  return max(1, min(max_rotate, math.ceil(2 * l2_bytes / set_bytes)))

@@ -41,7 +41,8 @@ from jax import lax
 
 import jaxgemm
 from jaxgemm import dispatch, registry, tuning
-from jaxgemm.timing import Timer, summarize, time_paired
+from jaxgemm.timing import (MAX_ROTATE, Timer, l2_bytes, rotated, rotation, summarize,
+                            time_paired)
 
 from . import problems as P
 
@@ -62,8 +63,6 @@ TOLERANCE = {name: tuning.TOLERANCE[kind] for name, kind in (
 # Dense peaks of an H100/H200 SXM (TFLOP/s), by run dtype.
 PEAK_TFLOPS = {"bf16": 989.0, "fp16": 989.0, "fp32": 495.0, "fp32-highest": 67.0}
 PEAK_DEVICES = ("H200", "H100")
-L2_BYTES = {"H200": 60 * 2**20, "H100": 50 * 2**20}
-DEFAULT_L2_BYTES = 60 * 2**20
 
 INPUT_DIST = ("normal(0,1) in float32 rounded to the operand dtype (numpy default_rng "
               "for small input sets, jax.random.normal on the device for large ones)")
@@ -76,13 +75,6 @@ def peak_tflops(device_kind: str, dtype_name: str) -> float | None:
   if any(d in device_kind for d in PEAK_DEVICES):
     return PEAK_TFLOPS[dtype_name]
   return None
-
-
-def l2_bytes(device_kind: str) -> int:
-  for d, b in L2_BYTES.items():
-    if d in device_kind:
-      return b
-  return DEFAULT_L2_BYTES
 
 
 def precision_of(dtype_name: str):
@@ -185,13 +177,6 @@ def _rank(backend: str, variant: str):
     return ""
 
 
-def rotated(fn: Callable, n: int) -> Callable:
-  """f(a0, b0, a1, b1, ...) -> (fn(a0, b0), fn(a1, b1), ...), for one jit."""
-  def f(*bufs):
-    return tuple(fn(bufs[2 * i], bufs[2 * i + 1]) for i in range(n))
-  return f
-
-
 @jax.jit
 def _norm(x):
   return jnp.linalg.norm(x.astype(jnp.float32).ravel())
@@ -218,7 +203,7 @@ class Context:
   emit: Callable[[dict], None]      # writes one CSV row
   log: Callable[[str], None] = print
   seed: int = 0
-  max_rotate: int = 32
+  max_rotate: int = MAX_ROTATE
   copy_bw_gbps: float | None = None
   cpu_call_budget_s: float = 1.0    # interpreted calls slower than this are not timed
   cpu_max_gflop: float = 0.05       # bigger problems are skipped on a CPU
@@ -385,7 +370,7 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     return rows
 
   set_bytes = bp.min_bytes(dtype_name)
-  n_rot = P.rotation(set_bytes, l2_bytes(ctx.device_kind), ctx.max_rotate) if ctx.on_gpu else 1
+  n_rot = rotation(set_bytes, l2_bytes(ctx.device_kind), ctx.max_rotate) if ctx.on_gpu else 1
   rot = {"rotate": n_rot, "working_set_mb": round(n_rot * set_bytes / 2**20, 3)}
 
   # ---- XLA's dot: reference result and baseline time.

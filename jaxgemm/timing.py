@@ -14,7 +14,9 @@ reference (XLA's dot), as the benchmark and the autotuner compare them.
 from __future__ import annotations
 
 import inspect
+import math
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -30,6 +32,39 @@ def platform_of(device=None) -> str:
   p = (device or jax.devices()[0]).platform
   return "gpu" if p in ("gpu", "cuda", "rocm") else p
 WALL = "wallclock"
+
+# L2 per device kind: inputs of a problem smaller than about twice this rotate
+# among copies, so that a timed call does not find its operands in L2.
+L2_BYTES = {"H200": 60 * 2**20, "H100": 50 * 2**20}
+DEFAULT_L2_BYTES = 60 * 2**20
+MAX_ROTATE = 32
+
+
+def l2_bytes(device_kind: str) -> int:
+  """The L2 size of a device kind (`jax.Device.device_kind`); 60 MiB if unknown."""
+  for d, b in L2_BYTES.items():
+    if d in device_kind:
+      return b
+  return DEFAULT_L2_BYTES
+
+
+def rotation(set_bytes: int, l2_bytes: int, max_rotate: int = MAX_ROTATE) -> int:
+  """How many input sets to rotate among so that they do not sit in L2.
+
+  A problem whose operands and output take less than about twice the L2 cycles
+  through enough independent copies to cover twice the L2 (capped).
+  """
+  if set_bytes <= 0 or set_bytes >= 2 * l2_bytes:
+    return 1
+  return max(1, min(max_rotate, math.ceil(2 * l2_bytes / set_bytes)))
+
+
+def rotated(fn: Callable, n: int) -> Callable:
+  """f(a0, b0, a1, b1, ...) -> (fn(a0, b0), fn(a1, b1), ...), for one jit: a
+  timed call of f runs `n` problems, one per input set."""
+  def f(*bufs):
+    return tuple(fn(bufs[2 * i], bufs[2 * i + 1]) for i in range(n))
+  return f
 
 
 def summarize(samples_ms) -> dict[str, float]:

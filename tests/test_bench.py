@@ -98,10 +98,10 @@ def test_backward_suite_is_forward_and_both_gradients():
 
 def test_rotation_covers_twice_l2_for_small_problems():
   l2 = 60 * 2**20
-  assert P.rotation(10 * 2**30, l2, 32) == 1          # large: one set
-  assert P.rotation(2 * l2, l2, 32) == 1
-  assert P.rotation(40 * 2**20, l2, 32) == 3           # 3 x 40 MB >= 120 MB
-  assert P.rotation(1000, l2, 32) == 32                # capped
+  assert timing.rotation(10 * 2**30, l2, 32) == 1          # large: one set
+  assert timing.rotation(2 * l2, l2, 32) == 1
+  assert timing.rotation(40 * 2**20, l2, 32) == 3           # 3 x 40 MB >= 120 MB
+  assert timing.rotation(1000, l2, 32) == 32                # capped
 
 
 # ---------------------------------------------------------------- timing helpers

@@ -21,7 +21,7 @@ import pytest
 import jaxgemm
 from gemm_testing import (DriftingTimer, assert_gemm_close, matmul_reference, random_array,
                           tolerance)
-from jaxgemm import dispatch, primitive, registry, tuning, tuning_cache
+from jaxgemm import dispatch, primitive, registry, timing, tuning, tuning_cache
 from jaxgemm.backends.triton import TritonConfig
 
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float32)
@@ -248,13 +248,41 @@ def test_autotune_times_each_candidate_interleaved_with_xla(cache, monkeypatch):
   for t in ok:
     assert t.speedup_vs_xla == pytest.approx(1.0, abs=0.02)
     assert t.xla_time_ms != report.xla_ms[p]
-  # XLA alone, then per candidate: XLA, kernel, kernel, XLA.
-  assert blocks[1] is xla_first and blocks[2] is not xla_first and blocks[4] is xla_first
+  # XLA alone, then per candidate: XLA once to size the blocks, then XLA,
+  # kernel, kernel, XLA.
+  assert blocks[1] is xla_first and blocks[2] is xla_first
+  assert blocks[3] is not xla_first and blocks[4] is not xla_first and blocks[5] is xla_first
   data = json.loads(cache.read_text())["entries"]
   for t in ok:
     stored = data[tuning_cache.entry_key(KIND, "triton", t.variant, p)][tuning_cache.shape_key(p)]
     best = max((u for u in ok if u.variant == t.variant), key=lambda u: u.speedup_vs_xla)
     assert (stored["time_ms"], stored["xla_time_ms"]) == (best.time_ms, best.xla_time_ms)
+
+
+class CountingTimer:
+  """1 ms per timed call; records how many arrays each timed call took."""
+  label = "fake"
+
+  def __init__(self):
+    self.arg_counts = []
+
+  def time(self, f, args, iters):
+    self.arg_counts.append(len(args))
+    return [1.0] * iters
+
+
+def test_autotune_rotates_input_sets_of_problems_smaller_than_l2(cache, monkeypatch):
+  """On a GPU a problem smaller than about twice the L2 is timed over several
+  input sets in one call, as the benchmark times it, and its times are per set."""
+  timer = CountingTimer()
+  monkeypatch.setattr(tuning, "Timer", lambda platform: timer)
+  monkeypatch.setattr(tuning, "platform_of", lambda: "gpu")
+  p = problem(m=32, n=32, k=32)
+  sets = timing.rotation(3 * 32 * 32 * 4, timing.l2_bytes(KIND))
+  assert sets == timing.MAX_ROTATE
+  report = jaxgemm.autotune(problems=[p], backends=[], iters=2, log=None)
+  assert set(timer.arg_counts) == {2 * sets}
+  assert report.xla_ms[p] == pytest.approx(1.0 / sets)
 
 
 class LuckyFirstTimer:
