@@ -159,12 +159,13 @@ class Timer:
       raise
 
 
-# Each side of a paired timing runs in blocks of about this much GPU time.
-# Timed in blocks of ten calls, XLA's dot against itself read 0.935x on
-# 4096x8192x57344 (5 ms a call) in the H200 default run -23h: its calls there
-# run at two speeds, 4.75 and about 5.4 ms, for stretches longer than a block
-# (bench/results/h200-default-2026-11-23h, llama3-70b.gate_up.t4096, `auto`
-# running XLA's dot).
+# Each side of a paired timing runs in blocks of about this much GPU time. The
+# H200 caps its power: after 15-70 ms of back-to-back GEMMs its clocks step
+# down (4096x8192x57344: 4.7 ms a call for 15 calls, then 5.5-6.0), and blocks
+# of ten such calls span the steps. So timed, XLA's dot against itself read
+# 0.935x in the default run -23h and 0.97-1.01x in the probe; in 10 ms blocks
+# 1.000x +- 0.001 on five shapes, three reps each
+# (bench/results/probes/timing-2026-11-23i/probe_pairing.log).
 PAIR_BLOCK_MS = 10.0
 
 
