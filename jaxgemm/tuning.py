@@ -16,8 +16,9 @@ back to) and each backend's candidate configs
 (`Backend.tuning_candidates`), checks each result against XLA's before timing
 it, times it interleaved with XLA's dot (`jaxgemm.timing.time_paired`; a
 problem smaller than about twice the L2 rotates among input sets, as in the
-benchmark), times the close contenders again (`CONTENDER_MARGIN`), and stores the config of every (backend, variant) that was fastest against XLA,
-with both of its times, in the cache (`jaxgemm.tuning_cache`). From then on
+benchmark), times the close contenders again (`CONTENDER_MARGIN`), and stores
+the config of every (backend, variant) that was fastest against XLA, with both
+of its times, in the cache (`jaxgemm.tuning_cache`). From then on
 `backend="auto"` and the named backends' defaults use them (`jaxgemm.dispatch`).
 
 Nothing tunes at import or during tracing: only this function does, within
@@ -304,9 +305,8 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
       continue
     t_problem = time.perf_counter()
     # As in the benchmark, a problem smaller than about twice the L2 rotates
-    # among input sets, so no timed call finds its operands there: timed on one
-    # set, triton/persistent read 1.01x XLA on 128x4096x14336 in the tuner and
-    # 0.957x in the benchmark run -23i that rotated two sets.
+    # among input sets, so that no timed call finds part of the last call's
+    # operands in L2 (how much it finds depends on each kernel's access order).
     sets = rotation(_set_bytes(problem), l2_bytes(kind)) if platform == "gpu" else 1
     bufs = _inputs(problem, seed + i, sets)
     compiled, c_s = _compiled(problem, dispatch.FALLBACK, None, None, bufs)
