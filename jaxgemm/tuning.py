@@ -176,13 +176,6 @@ def _pick(best: Trial) -> str:
 
 # ---------------------------------------------------------------- tuning
 
-def _set_bytes(problem: GemmProblem) -> int:
-  """Bytes of one input set and its output."""
-  item, out_item = np.dtype(problem.dtype).itemsize, np.dtype(problem.out_dtype).itemsize
-  return ((np.prod(problem.a_shape) + np.prod(problem.b_shape)) * item
-          + np.prod(problem.out_shape) * out_item)
-
-
 def _inputs(problem: GemmProblem, seed: int, sets: int):
   """[a0, b0, a1, b1, ...]: `sets` independent standard-normal input sets."""
   keys = jax.random.split(jax.random.key(seed), 2 * sets)
@@ -307,7 +300,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
     # As in the benchmark, a problem smaller than about twice the L2 rotates
     # among input sets, so that no timed call finds part of the last call's
     # operands in L2 (how much it finds depends on each kernel's access order).
-    sets = rotation(_set_bytes(problem), l2_bytes(kind)) if platform == "gpu" else 1
+    sets = rotation(problem.min_bytes, l2_bytes(kind)) if platform == "gpu" else 1
     bufs = _inputs(problem, seed + i, sets)
     compiled, c_s = _compiled(problem, dispatch.FALLBACK, None, None, bufs)
     ref = jax.block_until_ready(compiled(*bufs))
@@ -358,15 +351,20 @@ def _time_trial(trial: Trial, bufs, ref, xla_compiled, timer: Timer, iters: int)
     if not trial.error <= tol:   # also catches nan
       trial.status, trial.note = "fail", f"relative error {trial.error:.3g} > {tol:g}"
       return
-    kernel_ms, xla_ms = time_paired(timer, compiled, xla_compiled, bufs, iters)
-    sets = len(bufs) // 2
-    trial.time_ms = summarize(kernel_ms)["median_ms"] / sets
-    trial.xla_time_ms = summarize(xla_ms)["median_ms"] / sets
+    _time_against_xla(trial, compiled, xla_compiled, bufs, timer, iters)
     trial.status = "ok"
     return compiled
   except Exception as e:  # noqa: BLE001 (a candidate that cannot compile is skipped, said why)
     trial.status, trial.note = "error", f"{type(e).__name__}: {str(e)[:300]}"
   return None
+
+
+def _time_against_xla(trial: Trial, kernel, xla_compiled, bufs, timer: Timer, iters: int):
+  """Sets the trial's times per input set, the kernel's paired with XLA's dot."""
+  kernel_ms, xla_ms = time_paired(timer, kernel, xla_compiled, bufs, iters)
+  sets = len(bufs) // 2
+  trial.time_ms = summarize(kernel_ms)["median_ms"] / sets
+  trial.xla_time_ms = summarize(xla_ms)["median_ms"] / sets
 
 
 def _time_contenders_again(timed, xla_compiled, args, timer: Timer, iters: int) -> None:
@@ -377,12 +375,9 @@ def _time_contenders_again(timed, xla_compiled, args, timer: Timer, iters: int) 
   contenders = [(t, f) for t, f in timed if t.speedup_vs_xla >= top * (1 - CONTENDER_MARGIN)]
   if len(contenders) < 2:
     return
-  sets = len(args) // 2
   for trial, kernel in contenders:
-    kernel_ms, xla_ms = time_paired(timer, kernel, xla_compiled, args, iters)
     first = trial.speedup_vs_xla
-    trial.time_ms = summarize(kernel_ms)["median_ms"] / sets
-    trial.xla_time_ms = summarize(xla_ms)["median_ms"] / sets
+    _time_against_xla(trial, kernel, xla_compiled, args, timer, iters)
     trial.note = f"contender, timed twice (first {first:.3f}x)"
 
 
