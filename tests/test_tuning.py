@@ -285,6 +285,37 @@ def test_autotune_rotates_input_sets_of_problems_smaller_than_l2(cache, monkeypa
   assert report.xla_ms[p] == pytest.approx(1.0 / sets)
 
 
+class TwoXlaProgramsTimer:
+  """The first program timed (XLA's dot as it comes) takes 2 ms, the second
+  (XLA's dot with its Triton GEMMs off) 1 ms, every kernel 1.5 ms."""
+  label = "fake"
+
+  def __init__(self):
+    self.seen = []
+
+  def time(self, f, args, iters):
+    if f not in self.seen:
+      self.seen.append(f)
+    return [{0: 2.0, 1: 1.0}.get(self.seen.index(f), 1.5)] * iters
+
+
+def test_autotune_measures_kernels_against_xlas_faster_program(cache, monkeypatch):
+  """On a GPU XLA's dot is compiled as it comes and with its Triton GEMMs off;
+  kernels are timed against the faster, so a kernel faster than XLA's slower
+  program only is not picked."""
+  timer = TwoXlaProgramsTimer()
+  monkeypatch.setattr(tuning, "Timer", lambda platform: timer)
+  monkeypatch.setattr(tuning, "platform_of", lambda: "gpu")
+  p = problem(m=32, n=32, k=32)
+  sets = timing.rotation(p.min_bytes, timing.l2_bytes(KIND))
+  report = jaxgemm.autotune(problems=[p], backends=["triton"], iters=2, log=None)
+  assert report.xla_ms[p] == pytest.approx(1.0 / sets)
+  ok = [t for t in report.trials if t.status == "ok"]
+  assert ok and all(t.xla_time_ms == pytest.approx(1.0 / sets) for t in ok)
+  assert all(t.speedup_vs_xla == pytest.approx(1 / 1.5) for t in ok)
+  assert dispatch.choose(p, "auto").backend == "xla"
+
+
 class LuckyFirstTimer:
   """XLA's dot and every kernel take 1.0 ms, except the first kernel timed:
   0.9 in its first (screening) pair of blocks, 1.05 ever after."""
