@@ -7,7 +7,8 @@ starts CHILDREN fresh processes; each compiles XLA's dot (2-D, bf16 out, what
 jnp.matmul runs) for the skinny LLM shapes, prints what the optimized HLO runs
 (custom-call target, backend_config) and times it paired with jaxgemm's
 table kernel (`backend="auto"`) in 10 ms blocks; then the same dot compiled with
-XLA's Triton GEMM emitter off (`xla_gpu_enable_triton_gemm=False`), timed alone.
+XLA's Triton GEMM emitter off (`xla_gpu_enable_triton_gemm=False`), and with
+autotuning off as well (`xla_gpu_autotune_level=0`), each timed alone.
 
   PYTHONPATH=$PWD/.gpu-site:$PWD python3 bench/results/probes/xla-modes-2026-11-23k/probe_xla_modes.py [children [cold,hot]]
 
@@ -24,7 +25,8 @@ import sys
 import time
 
 SHAPES = {"up.t128": (128, 4096, 14336), "gate_up.t128": (128, 4096, 28672),
-          "down.t128": (128, 14336, 4096), "up.t2048": (2048, 4096, 14336)}
+          "down.t128": (128, 14336, 4096), "up.t2048": (2048, 4096, 14336),
+          "sq512": (512, 512, 512), "q.t128": (128, 4096, 4096), "qkv.t128": (128, 4096, 6144)}
 ITERS = 40
 
 
@@ -88,15 +90,23 @@ def child(tag):
     cublas_c = xla.lower(a, b).compile({"xla_gpu_enable_triton_gemm": False})
     cublas_calls = [program_of(ln) for ln in cublas_c.as_text().splitlines()
                     if "custom_call_target" in ln or "kind=kCustom" in ln]
+    # ...and with autotuning off too: cuBLAS with its heuristic's algorithm.
+    cublas0_c = xla.lower(a, b).compile({"xla_gpu_enable_triton_gemm": False,
+                                         "xla_gpu_autotune_level": 0})
+    cublas0_calls = [program_of(ln) for ln in cublas0_c.as_text().splitlines()
+                     if "custom_call_target" in ln or "kind=kCustom" in ln]
     auto = jax.jit(lambda a, b: jaxgemm.matmul(a, b)).lower(a, b).compile()
     jax.block_until_ready((xla_c(a, b), auto(a, b), cublas_c(a, b)))
     solo = summarize(timer.time(xla_c, [a, b], ITERS))["median_ms"]
     cublas_ms = summarize(timer.time(cublas_c, [a, b], ITERS))["median_ms"]
+    jax.block_until_ready(cublas0_c(a, b))
+    cublas0_ms = summarize(timer.time(cublas0_c, [a, b], ITERS))["median_ms"]
     k_ms, x_ms = time_paired(timer, auto, xla_c, [a, b], ITERS)
     rec = dict(proc=tag, shape=name, compile_s=round(compile_s, 2), xla_solo_us=solo * 1e3,
                xla_us=summarize(x_ms)["median_ms"] * 1e3,
                auto_us=summarize(k_ms)["median_ms"] * 1e3, calls=calls,
-               cublas_only_us=cublas_ms * 1e3, cublas_calls=cublas_calls)
+               cublas_only_us=cublas_ms * 1e3, cublas_calls=cublas_calls,
+               cublas_untuned_us=cublas0_ms * 1e3, cublas_untuned_calls=cublas0_calls)
     rec["auto_vs_xla"] = rec["xla_us"] / rec["auto_us"]
     print("REC", json.dumps(rec), flush=True)
 
@@ -123,6 +133,9 @@ if __name__ == "__main__":
         if "cublas_only_us" in r:
           print(f"     Triton GEMM off: {r['cublas_only_us']:7.1f} us", " | ".join(r["cublas_calls"]),
                 flush=True)
+        if "cublas_untuned_us" in r:
+          print(f"     and autotuning off: {r['cublas_untuned_us']:7.1f} us",
+                " | ".join(r["cublas_untuned_calls"]), flush=True)
     if p.returncode:
       print("child failed", p.returncode, p.stderr[-3000:], flush=True)
     print(f"proc {i} took {time.time() - t0:.1f} s", flush=True)
