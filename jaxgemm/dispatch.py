@@ -14,8 +14,8 @@ For a named backend, the config is, in this order:
 With ``variant=None`` steps 2 and 3 also choose the variant: the backend's
 fastest tuned one. ``backend="auto"`` looks at the tuned records of every
 backend for the problem and runs the fastest, if it beat XLA's dot by at least
-`AUTO_MARGIN` in its tuning run (the faster of XLA's programs there:
-`jaxgemm.tuning.XLA_REFERENCE_OPTIONS`); otherwise, and for any problem nothing was
+`AUTO_MARGIN` in its tuning run (against the XLA program a user may get:
+`jaxgemm.tuning.XLA_PICK_SPREAD`); otherwise, and for any problem nothing was
 tuned for (or on a device kind without a table), it runs XLA's dot.
 
 Resolution happens per problem, so the backward GEMMs of a gradient (other

@@ -13,8 +13,7 @@
 and, with ``backward=True``, the GEMMs its gradient would run; then for each
 problem it times XLA's dot (the `xla` backend, what ``backend="auto"`` falls
 back to; on a GPU the faster of its programs where XLA's pick may vary,
-`XLA_REFERENCE_OPTIONS`) and
-each backend's candidate configs
+`XLA_PICK_SPREAD`) and each backend's candidate configs
 (`Backend.tuning_candidates`), checks each result against XLA's before timing
 it, times it interleaved with XLA's dot (`jaxgemm.timing.time_paired`; a
 problem smaller than about twice the L2 rotates among input sets, as in the
@@ -59,8 +58,8 @@ TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3, "tf32": 5e-3, "tf32x3": 1e-4,
 # XLA's GPU compiler picks a dot's program (a cuBLAS algorithm or one of its own
 # Triton GEMMs, maybe split along K) by timing candidates once, when it
 # compiles. Where two are close the pick changes from process to process: on the
-# H200 XLA's dot of 128x4096 @ 4096x14336 ran in 30.3-31.8 us on cuBLAS or
-# 32.4-32.8 us on a Triton GEMM, by process, and a kernel at 32 us read 1.02x in
+# H200 XLA's dot of 128x4096 @ 4096x14336 ran in 30.3-31.8 us on cuBLAS (once
+# 32.8 us, another algorithm) or 32.4-32.8 us on a Triton GEMM, by process, and a kernel at 32 us read 1.02x in
 # some and 0.95x in others. Where they are far apart the pick is stable, even
 # when it is the slower one: 128x4096 @ 4096x4096 ran a split-K Triton GEMM in
 # 16.0-18.1 us in all of 13 processes, while the same dot compiled with the Triton
