@@ -252,6 +252,35 @@ def test_gpu_default_config_matches_reference(variant, trans, dtype):
     assert_close(out, np.asarray(ref, np.float64), p)
 
 
+NARROW_K_CONFIGS = [
+    # (tile_m, tile_n, tile_k): K steps narrower than the tiles' 128-byte swizzle
+    # span, and tiles of three swizzles at once. Each compiled on the H200 only
+    # once both operands shared one swizzle (`common.operand_swizzle`).
+    pytest.param((128, 128, 32), id="128x128x32"),
+    pytest.param((128, 64, 16), id="128x64x16"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", pallas.VARIANTS)
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["NN", "TN", "NT", "TT"])
+@pytest.mark.parametrize("tiles", NARROW_K_CONFIGS)
+def test_gpu_narrow_k_step_configs_match_reference(variant, trans, tiles):
+  if not on_gpu():
+    pytest.skip("needs an NVIDIA GPU")
+  tile_m, tile_n, tile_k = tiles
+  p = problem(2, 300, 200, 100, trans_a=trans[0], trans_b=trans[1])
+  cfg = BACKEND.default_config(p, variant)
+  cfg = dataclasses.replace(cfg, tile_m=tile_m if variant in pallas._TWO_CONSUMERS else 64,
+                            tile_n=tile_n, tile_k=tile_k, epi_tile_n=min(64, tile_n))
+  a, b = operands(p)
+  out = jaxgemm.matmul_p.bind(
+      a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
+      acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant=variant, config=cfg)
+  assert_close(out, reference(a, b, p), p)
+
+
 # ---------------------------------------------------------------- exact C stores
 
 ws = importlib.import_module("jaxgemm.kernels.pallas.warp_specialized")
@@ -275,6 +304,27 @@ def exact_case(p: GemmProblem, cfg: PallasConfig, variant: str = "clusters") -> 
   return common.stores_exact(p, p.out_dtype) and ws.exact_store_fits(
       p.m, p.n, cfg.tile_m, cfg.tile_n, min(cfg.epi_tile_n, cfg.tile_n), p.out_dtype,
       row_parts)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_operands_share_the_largest_swizzle_that_fits_both_and_the_k_step(dtype):
+  """wgmma reads A and B with one swizzle and steps K in swizzle spans: the
+  swizzle must divide both tiles' stored minor dimensions and the K step."""
+  item = np.dtype(dtype).itemsize
+  seen = set()
+  for tm in (64, 128, 256):
+    for tn in (16, 32, 64, 128, 160, 192, 256):
+      for tk in (16, 32, 64, 128):
+        for ta in (False, True):
+          for tb in (False, True):
+            s = common.operand_swizzle(tm, tn, tk, dtype, ta, tb)
+            seen.add(s)
+            minors = (tm if ta else tk, tk if tb else tn, tk)
+            assert all(d * item % s == 0 for d in minors), (tm, tn, tk, ta, tb, s)
+            assert s == 128 or any(d * item % (2 * s) for d in minors), (tm, tn, tk, ta, tb, s)
+            if min(tm, tn, tk) >= 64 and tn != 160:
+              assert s == 128   # every default and tuned config keeps 128 bytes
+  assert seen == {32, 64, 128}
 
 
 def test_exact_stores_only_where_tma_cannot_store_c():

@@ -70,6 +70,8 @@ def basic(a, b, problem, config, interpret: bool = False):
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   dtype, out_dtype = a.dtype, jnp.dtype(problem.out_dtype)
 
+  swizzle = common.operand_swizzle(tm, tn, tk, dtype, problem.trans_a, problem.trans_b)
+
   def call(a, b, dims):
     body = functools.partial(basic_kernel, dims=dims, tm=tm, tn=tn, tk=tk,
                              trans_a=problem.trans_a, trans_b=problem.trans_b)
@@ -77,8 +79,8 @@ def basic(a, b, problem, config, interpret: bool = False):
         body,
         out_type=jax.ShapeDtypeStruct((dims.batch, dims.m, dims.n), out_dtype),
         scratch_types=(
-            common.a_smem_type(tm, tk, dtype, problem.trans_a),
-            common.b_smem_type(tk, tn, dtype, problem.trans_b),
+            common.a_smem_type(tm, tk, dtype, problem.trans_a, swizzle=swizzle),
+            common.b_smem_type(tk, tn, dtype, problem.trans_b, swizzle=swizzle),
             common.out_smem_type(tm, tn, out_dtype),
             plgpu.Barrier(num_arrivals=2),
         ),

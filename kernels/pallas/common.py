@@ -197,9 +197,12 @@ def swizzle_bytes(minor_elems: int, dtype) -> int:
   return plgpu.find_swizzle(minor_elems * jnp.dtype(dtype).itemsize * 8)
 
 
-def smem_transforms(minor_elems: int, dtype) -> tuple[Any, ...]:
-  """(8, swizzle) tiling + swizzle: the SMEM layout wgmma and TMA both read."""
-  swizzle = swizzle_bytes(minor_elems, dtype)
+def smem_transforms(minor_elems: int, dtype, swizzle: int | None = None) -> tuple[Any, ...]:
+  """(8, swizzle) tiling + swizzle: the SMEM layout wgmma and TMA both read.
+
+  `swizzle` defaults to the largest one `minor_elems` allows (`swizzle_bytes`).
+  """
+  swizzle = swizzle or swizzle_bytes(minor_elems, dtype)
   swizzle_elems = swizzle // jnp.dtype(dtype).itemsize
   return (plgpu.TilingTransform((8, swizzle_elems)), plgpu.SwizzleTransform(swizzle))
 
@@ -214,14 +217,31 @@ def b_tile_shape(tk: int, tn: int, trans_b: bool) -> tuple[int, int]:
   return (tn, tk) if trans_b else (tk, tn)
 
 
-def a_smem_type(tm: int, tk: int, dtype, trans_a: bool, *lead: int):
+def operand_swizzle(tm: int, tn: int, tk: int, dtype, trans_a: bool, trans_b: bool) -> int:
+  """The one swizzle (bytes) of A's and B's SMEM tiles, the largest all three allow.
+
+  wgmma reads both operands with one swizzle and steps through K in groups of
+  a swizzle span, so the swizzle must divide A's and B's stored minor
+  dimensions and the K step. Each tile's own largest swizzle is not enough:
+  on the H200 a 32-deep K step next to 128-wide tiles failed to compile
+  ("WGMMA rhs swizzle must match lhs swizzle" for A @ B, "K must be a multiple
+  of 64, got: 32" for A^T @ B; bench/results/probes/pallas-2026-11-24/).
+  The tiles of the default and tuned configs (all >= 64 wide) get 128 bytes.
+  """
+  return min(swizzle_bytes(d, dtype) for d in (a_tile_shape(tm, tk, trans_a)[1],
+                                               b_tile_shape(tk, tn, trans_b)[1], tk))
+
+
+def a_smem_type(tm: int, tk: int, dtype, trans_a: bool, *lead: int, swizzle: int):
   shape = a_tile_shape(tm, tk, trans_a)
-  return plgpu.SMEM((*lead, *shape), dtype, transforms=smem_transforms(shape[1], dtype))
+  return plgpu.SMEM((*lead, *shape), dtype,
+                    transforms=smem_transforms(shape[1], dtype, swizzle))
 
 
-def b_smem_type(tk: int, tn: int, dtype, trans_b: bool, *lead: int):
+def b_smem_type(tk: int, tn: int, dtype, trans_b: bool, *lead: int, swizzle: int):
   shape = b_tile_shape(tk, tn, trans_b)
-  return plgpu.SMEM((*lead, *shape), dtype, transforms=smem_transforms(shape[1], dtype))
+  return plgpu.SMEM((*lead, *shape), dtype,
+                    transforms=smem_transforms(shape[1], dtype, swizzle))
 
 
 def out_smem_type(tm: int, tn: int, dtype, *lead: int):

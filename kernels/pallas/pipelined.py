@@ -35,6 +35,7 @@ def k_pipeline(acc_ref, a_gmem, b_gmem, mi, ni, *, dims: common.Dims, tm: int, t
   """Accumulates the (mi, ni) tile's A @ B over all of K into `acc_ref`."""
   a_shape, a_index = common.a_block_spec_args(tm, tk, trans_a)
   b_shape, b_index = common.b_block_spec_args(tk, tn, trans_b)
+  swizzle = common.operand_swizzle(tm, tn, tk, dtype, trans_a, trans_b)
 
   def step(_, a_smem, b_smem):
     plgpu.wgmma(acc_ref, common.a_operand(a_smem, trans_a),
@@ -48,10 +49,10 @@ def k_pipeline(acc_ref, a_gmem, b_gmem, mi, ni, *, dims: common.Dims, tm: int, t
       grid=(common.cdiv(dims.k, tk),),
       in_specs=[
           plgpu.BlockSpec(a_shape, lambda ki: a_index(mi, ki),
-                          transforms=common.smem_transforms(a_shape[1], dtype),
+                          transforms=common.smem_transforms(a_shape[1], dtype, swizzle),
                           delay_release=1),
           plgpu.BlockSpec(b_shape, lambda ki: b_index(ni, ki),
-                          transforms=common.smem_transforms(b_shape[1], dtype),
+                          transforms=common.smem_transforms(b_shape[1], dtype, swizzle),
                           delay_release=1),
       ],
       max_concurrent_steps=stages,

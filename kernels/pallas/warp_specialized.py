@@ -198,6 +198,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
   # a consumer must wait on every phase of the barriers it waits on, and each
   # consumer sees only its own tiles' steps.
   owners = 2 if pingpong else 1
+  swizzle = common.operand_swizzle(tm, tn, tk, dtype, trans_a, trans_b)
 
   def owner(step):
     """The consumer (0 or 1) whose tile ring step `step` belongs to, in ping-pong."""
@@ -214,8 +215,8 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
       pl.run_scoped,
       # Allocated once for all tiles: the `stages`-deep ring of A and B
       # blocks with its two barrier arrays...
-      a_smem=common.a_smem_type(tm, tk, dtype, trans_a, stages),
-      b_smem=common.b_smem_type(tk, tn, dtype, trans_b, stages),
+      a_smem=common.a_smem_type(tm, tk, dtype, trans_a, stages, swizzle=swizzle),
+      b_smem=common.b_smem_type(tk, tn, dtype, trans_b, stages, swizzle=swizzle),
       loaded=plgpu.Barrier(num_arrivals=2, num_barriers=owners * stages),  # A's and B's copies
       consumed=consumed_type(num_arrivals=2 // owners, num_barriers=owners * stages),
       # ...and the epilogue's staging slots.
