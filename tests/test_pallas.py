@@ -253,11 +253,13 @@ def test_gpu_default_config_matches_reference(variant, trans, dtype):
 
 
 NARROW_K_CONFIGS = [
-    # (tile_m, tile_n, tile_k): K steps narrower than the tiles' 128-byte swizzle
-    # span, and tiles of three swizzles at once. Each compiled on the H200 only
-    # once both operands shared one swizzle (`common.operand_swizzle`).
+    # (tile_m, tile_n, tile_k): K steps or N tiles narrower than a 128-byte swizzle
+    # span next to wider tiles. The K steps compiled on the H200 only once both
+    # operands shared one swizzle (`common.operand_swizzle`).
     pytest.param((128, 128, 32), id="128x128x32"),
     pytest.param((128, 64, 16), id="128x64x16"),
+    pytest.param((128, 16, 64), id="128x16x64"),
+    pytest.param((128, 32, 128), id="128x32x128"),
 ]
 
 
