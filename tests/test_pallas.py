@@ -48,6 +48,13 @@ def operands(p: GemmProblem, seed=0):
   return a, b
 
 
+def bind(a, b, p: GemmProblem, variant: str, cfg: PallasConfig):
+  """op(A) @ op(B) through `matmul_p` on the pallas backend, as `jaxgemm.matmul` runs it."""
+  return jaxgemm.matmul_p.bind(
+      a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
+      acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant=variant, config=cfg)
+
+
 def reference(a, b, p: GemmProblem) -> np.ndarray:
   a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
   if p.trans_a:
@@ -242,10 +249,7 @@ def test_gpu_default_config_matches_reference(variant, trans, dtype):
   for shape in GPU_SHAPES:
     p = problem(*shape, dtype=dtype, trans_a=trans[0], trans_b=trans[1])
     a, b = operands(p)
-    out = jaxgemm.matmul_p.bind(
-        a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
-        acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant=variant,
-        config=BACKEND.default_config(p, variant))
+    out = bind(a, b, p, variant, BACKEND.default_config(p, variant))
     ref = jax.lax.dot_general(
         a, b, (((1 if p.trans_a else 2,), (2 if p.trans_b else 1,)), ((0,), (0,))),
         preferred_element_type=jnp.float32)
@@ -277,9 +281,7 @@ def test_gpu_narrow_k_step_configs_match_reference(variant, trans, tiles):
   cfg = dataclasses.replace(cfg, tile_m=tile_m if variant in pallas._TWO_CONSUMERS else 64,
                             tile_n=tile_n, tile_k=tile_k, epi_tile_n=min(64, tile_n))
   a, b = operands(p)
-  out = jaxgemm.matmul_p.bind(
-      a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
-      acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant=variant, config=cfg)
+  out = bind(a, b, p, variant, cfg)
   assert_close(out, reference(a, b, p), p)
 
 
@@ -443,9 +445,7 @@ def test_gpu_stream_k_matches_reference_and_is_deterministic(shape, trans, split
       p.n, cfg.tile_n * cfg.cluster_n)
   workers = common.num_sms(False) // 2
   assert ws.plan_stream_k(tiles, workers, common.cdiv(p.k, cfg.tile_k), split_rounds) is not None
-  f = jax.jit(lambda a, b: jaxgemm.matmul_p.bind(
-      a, b, trans_a=p.trans_a, trans_b=p.trans_b, out_dtype=p.out_dtype,
-      acc_dtype=p.acc_dtype, precision=None, backend="pallas", variant="stream_k", config=cfg))
+  f = jax.jit(lambda a, b: bind(a, b, p, "stream_k", cfg))
   a, b = operands(p, seed=5)
   out = f(a, b)
   ref = jax.lax.dot_general(
