@@ -131,11 +131,11 @@ def kernel_fn(bp: P.BenchProblem, dtype_name: str, backend: str, variant: str) -
   return gemm
 
 
-def gemm_problem(bp: P.BenchProblem, dtype_name: str) -> registry.GemmProblem:
+def gemm_problem(bp: P.BenchProblem, dtype_name: str) -> jaxgemm.GemmProblem:
   """The canonical problem jaxgemm's API makes of `bp` (2-D operands fold to batch 1)."""
   dt = np.dtype(P.dtype_of(dtype_name))
   prec = precision_of(dtype_name)
-  return registry.GemmProblem(batch=bp.batch, m=bp.m, n=bp.n, k=bp.k, dtype=dt, out_dtype=dt,
+  return jaxgemm.GemmProblem(batch=bp.batch, m=bp.m, n=bp.n, k=bp.k, dtype=dt, out_dtype=dt,
                               acc_dtype=np.dtype(np.float32), trans_a=bp.trans_a,
                               trans_b=bp.trans_b,
                               precision=None if prec is None else (prec, prec))

@@ -5,20 +5,17 @@
     >>> float(jaxgemm.matmul(a, b, backend="xla")[0, 0])
     32.0
 
-Layout: `api` (matmul, dot_general) -> `primitive` (matmul_p and its rules)
--> `dispatch` (which kernel runs a problem: explicit, tuned, or heuristic)
--> `registry` (backends and their variants) -> `backends/<name>.py` -> the
-kernels in `jaxgemm.kernels.<backend>.<variant>` (the repository's `kernels/`).
+Layout (docs/architecture.md): `ops/<op>/` holds each op (public function,
+primitive and rules, problem type, one backend module per kernel family) ->
+`dispatch` decides which kernel runs a problem (explicit, tuned, heuristic)
+-> `registry` holds the ops and their backends -> the kernels, one file per
+rung, in `jaxgemm.kernels.<family>.<op>` (the repository's `kernels/`).
 """
 
-from jaxgemm import backends as _backends  # noqa: F401 (registers the backends)
-from jaxgemm.api import dot_general, matmul
-from jaxgemm.backends.pallas import PallasConfig
-from jaxgemm.backends.triton import TritonConfig
-from jaxgemm.backends.xla import XlaConfig
 from jaxgemm.config import KernelConfig
-from jaxgemm.primitive import matmul_p
-from jaxgemm.registry import GemmProblem, backends, variants
+from jaxgemm.ops.matmul import (GemmProblem, PallasConfig, TritonConfig, XlaConfig,
+                                dot_general, matmul, matmul_p)
+from jaxgemm.registry import backends, variants
 from jaxgemm.tuning import autotune, problems_in
 
 __all__ = [

@@ -13,13 +13,15 @@ For a named backend, the config is, in this order:
 
 With ``variant=None`` steps 2 and 3 also choose the variant: the backend's
 fastest tuned one. ``backend="auto"`` looks at the tuned records of every
-backend for the problem and runs the fastest, if it beat XLA's dot by at least
+backend for the problem and runs the fastest, if it beat XLA by at least
 `AUTO_MARGIN` in its tuning run (against the XLA program a user may get:
 `jaxgemm.tuning.XLA_PICK_SPREAD`); otherwise, and for any problem nothing was
-tuned for (or on a device kind without a table), it runs XLA's dot.
+tuned for (or on a device kind without a table), it runs XLA (`FALLBACK`).
 
-Resolution happens per problem, so the backward GEMMs of a gradient (other
-shapes, other layouts) each get their own choice. Nothing is tuned here.
+Resolution happens per problem (`choose`, called by each op's lowering rule),
+so the backward GEMMs of a gradient (other shapes, other layouts) each get
+their own choice. The public functions call `validate` first, so a bad name or
+config is reported before anything is traced. Nothing is tuned here.
 """
 
 from __future__ import annotations
@@ -31,12 +33,12 @@ import jax
 
 from jaxgemm import registry, tuning_cache
 from jaxgemm.config import KernelConfig
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.base import Problem
 
 AUTO = "auto"
-# A tuned kernel replaces XLA's dot under backend="auto" only if it was at
-# least this much faster in its tuning run: closer than that, the two swap
-# places between runs, and XLA is the safer pick.
+# A tuned kernel replaces XLA under backend="auto" only if it was at least this
+# much faster in its tuning run: closer than that, the two swap places between
+# runs, and XLA is the safer pick.
 AUTO_MARGIN = 1.01
 FALLBACK = "xla"
 
@@ -64,7 +66,35 @@ def device_kind(platform: str | None = None) -> str:
   return devices[0].device_kind
 
 
-def _usable(problem: GemmProblem, backend: registry.Backend, variant: str,
+def validate(op: str, backend: str, variant: str | None = None,
+             config: KernelConfig | None = None) -> registry.Backend | None:
+  """Checks the caller's kernel choice by name and type, before any problem is known.
+
+  Returns the named backend (None for "auto"). ValueError for an unknown or
+  unusable backend or variant, or variant/config with "auto"; TypeError for a
+  config of another backend.
+  """
+  if backend == AUTO:
+    if variant is not None or config is not None:
+      raise ValueError(f"variant= and config= pick a kernel within a named backend; got "
+                       f"backend='auto' with {variant=}, {config=}. Name one of "
+                       f"{list(registry.backends(op))}.")
+    return None
+  b = registry.get_backend(backend, op)
+  reason = b.unavailable_reason()
+  if reason is not None:
+    raise ValueError(f"backend={backend!r} is not usable here: {reason}. "
+                     f"Usable backends: {list(registry.backends(op))}")
+  if variant is not None and variant not in b.variants:
+    raise ValueError(f"unknown variant={variant!r} for backend={backend!r}; "
+                     f"valid variants: {list(b.variants)}")
+  if config is not None and not isinstance(config, b.config_cls):
+    raise TypeError(f"backend={backend!r} takes config={b.config_cls.__name__}(...), "
+                    f"got {type(config).__name__}")
+  return b
+
+
+def _usable(problem: Problem, backend: registry.Backend, variant: str,
             config: KernelConfig) -> bool:
   try:
     backend.check(problem, variant, config)
@@ -73,18 +103,16 @@ def _usable(problem: GemmProblem, backend: registry.Backend, variant: str,
   return True
 
 
-def _tuned(problem: GemmProblem, kind: str, backend: str | None,
+def _tuned(problem: Problem, kind: str, backend: str | None,
            variant: str | None) -> list[tuple[float, Choice]]:
   """(speedup over XLA in tuning, Choice) of the usable tuned records, fastest first."""
   out = []
+  usable = registry.backends(problem.op)
   for t in tuning_cache.lookup(problem, kind, backend):
-    if variant is not None and t.variant != variant:
+    if (variant is not None and t.variant != variant) or t.backend not in usable:
       continue
-    try:
-      b = registry.get_backend(t.backend)
-    except ValueError:
-      continue
-    if b.unavailable_reason() is not None or t.variant not in b.variants:
+    b = registry.get_backend(t.backend, problem.op)
+    if t.variant not in b.variants:
       continue
     try:
       config = b.config_cls.from_dict(t.config)
@@ -96,13 +124,14 @@ def _tuned(problem: GemmProblem, kind: str, backend: str | None,
   return out
 
 
-def choose(problem: GemmProblem, backend: str = AUTO, variant: str | None = None,
+def choose(problem: Problem, backend: str = AUTO, variant: str | None = None,
            config: KernelConfig | None = None, *, platform: str | None = None) -> Choice:
   """The kernel that runs `problem` (see the module docstring for the order).
 
-  Raises what the backend's `check` raises when an explicit choice cannot run
-  the problem (NotImplementedError for unsupported features, ValueError for a
-  config that cannot work).
+  Raises what `validate` raises for a bad choice, and what the backend's
+  `check` raises when an explicit choice cannot run the problem
+  (NotImplementedError for unsupported features, ValueError for a config that
+  cannot work).
 
   >>> import numpy as np, jaxgemm
   >>> from jaxgemm.dispatch import choose
@@ -111,28 +140,22 @@ def choose(problem: GemmProblem, backend: str = AUTO, variant: str | None = None
   >>> choose(p, "xla").describe()
   'xla/dot_general (heuristic) {"backend": "xla"}'
   """
+  b = validate(problem.op, backend, variant, config)
   kind = device_kind(platform)
-  if backend == AUTO:
-    if variant is not None or config is not None:
-      raise ValueError(f"variant= and config= pick a kernel within a named backend; got "
-                       f"backend='auto' with {variant=}, {config=}. Name one of "
-                       f"{list(registry.backends())}.")
+  if b is None:
     tuned = _tuned(problem, kind, None, None)
     if tuned and tuned[0][1].backend != FALLBACK and tuned[0][0] >= AUTO_MARGIN:
       return tuned[0][1]
     return dataclasses.replace(choose(problem, FALLBACK, platform=platform), source="fallback")
 
-  b = registry.get_backend(backend)
   if config is not None:
-    chosen = registry.resolve_variant(b, variant, problem)
+    chosen = variant or b.default_variant(problem)
     b.check(problem, chosen, config)
     return Choice(backend, chosen, config, "explicit")
-  if variant is not None:
-    registry.resolve_variant(b, variant, problem)   # validates the name
   tuned = _tuned(problem, kind, backend, variant)
   if tuned:
     return tuned[0][1]
-  chosen = registry.resolve_variant(b, variant, problem)
+  chosen = variant or b.default_variant(problem)
   config = b.default_config(problem, chosen)
   b.check(problem, chosen, config)
   return Choice(backend, chosen, config, "heuristic")

@@ -59,11 +59,11 @@ def rotation(set_bytes: int, l2_bytes: int, max_rotate: int = MAX_ROTATE) -> int
   return max(1, min(max_rotate, math.ceil(2 * l2_bytes / set_bytes)))
 
 
-def rotated(fn: Callable, n: int) -> Callable:
+def rotated(fn: Callable, n: int, arity: int = 2) -> Callable:
   """f(a0, b0, a1, b1, ...) -> (fn(a0, b0), fn(a1, b1), ...), for one jit: a
-  timed call of f runs `n` problems, one per input set."""
+  timed call of f runs `n` problems, one per input set of `arity` operands."""
   def f(*bufs):
-    return tuple(fn(bufs[2 * i], bufs[2 * i + 1]) for i in range(n))
+    return tuple(fn(*bufs[arity * i:arity * (i + 1)]) for i in range(n))
   return f
 
 

@@ -42,8 +42,7 @@ from jax.extend import core as jex_core
 
 from jaxgemm import dispatch, registry, tuning_cache
 from jaxgemm.config import KernelConfig
-from jaxgemm.primitive import bind, matmul_p, problem_of
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.base import Problem
 from jaxgemm.timing import (Timer, l2_bytes, platform_of, rotated, rotation, summarize,
                             time_paired)
 
@@ -84,8 +83,8 @@ XLA_PICK_SPREAD = 0.10
 CONTENDER_MARGIN = 0.03
 
 
-def tolerance(problem: GemmProblem) -> float:
-  return TOLERANCE[problem.fp32_precision or np.dtype(problem.dtype).name]
+def tolerance(problem: Problem) -> float:
+  return TOLERANCE[problem.accuracy_class]
 
 
 # ---------------------------------------------------------------- finding GEMMs
@@ -97,31 +96,38 @@ def _walk(jaxpr) -> Iterable:
     yield from _walk(sub)
 
 
-def _gemms(jaxpr) -> list[tuple[GemmProblem, dict]]:
-  return [(problem_of(e.invars[0].aval, e.invars[1].aval, **e.params), e.params)
-          for e in _walk(jaxpr) if e.primitive is matmul_p]
+def _problems(jaxpr) -> list[tuple[registry.Op, Problem, tuple, dict]]:
+  """(op, problem, operand avals, params) of every registered op's primitive in `jaxpr`."""
+  found = []
+  for e in _walk(jaxpr):
+    op = registry.op_of_primitive(e.primitive)
+    if op is not None:
+      avals = tuple(v.aval for v in e.invars)
+      found.append((op, op.problem_of(avals, e.params), avals, e.params))
+  return found
 
 
-def _backward_of(problem: GemmProblem, params: dict) -> list[tuple[GemmProblem, dict]]:
-  """The GEMMs matmul_p's own transpose rules run for this problem's gradient."""
-  a = jax.ShapeDtypeStruct(problem.a_shape, problem.dtype)
-  b = jax.ShapeDtypeStruct(problem.b_shape, problem.dtype)
-  ct = jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype)
-  fwd = lambda a, b: matmul_p.bind(a, b, **params)
-  return _gemms(jax.make_jaxpr(lambda a, b, ct: jax.vjp(fwd, a, b)[1](ct))(a, b, ct).jaxpr)
+def _backward_of(op: registry.Op, avals, params: dict) -> list[Problem]:
+  """The problems the op's own transpose rules run for one call's gradient."""
+  args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
+  fwd = lambda *args: op.primitive.bind(*args, **params)
+  out = jax.eval_shape(fwd, *args)
+  ct = jax.ShapeDtypeStruct(out.shape, out.dtype)
+  jaxpr = jax.make_jaxpr(lambda ct, *args: jax.vjp(fwd, *args)[1](ct))(ct, *args).jaxpr
+  return [p for _, p, _, _ in _problems(jaxpr)]
 
 
-def problems_in(fn: Callable, *args, backward: bool = True, **kwargs) -> list[GemmProblem]:
+def problems_in(fn: Callable, *args, backward: bool = True, **kwargs) -> list[Problem]:
   """Every distinct GEMM problem `fn(*args, **kwargs)` runs through jaxgemm, in order.
 
   Traces `fn` abstractly (nothing is computed). With `backward`, each
   problem's two gradient GEMMs are added, whether or not `fn` differentiates.
   """
-  found: dict[GemmProblem, None] = {}
-  for problem, params in _gemms(jax.make_jaxpr(fn)(*args, **kwargs).jaxpr):
+  found: dict[Problem, None] = {}
+  for op, problem, avals, params in _problems(jax.make_jaxpr(fn)(*args, **kwargs).jaxpr):
     found.setdefault(problem)
     if backward and jnp.issubdtype(problem.dtype, jnp.floating):
-      for p, _ in _backward_of(problem, params):
+      for p in _backward_of(op, avals, params):
         found.setdefault(p)
   return [p for p in found if not p.is_empty]
 
@@ -132,7 +138,7 @@ def problems_in(fn: Callable, *args, backward: bool = True, **kwargs) -> list[Ge
 class Trial:
   """One candidate timed (or rejected) on one problem."""
 
-  problem: GemmProblem
+  problem: Problem
   backend: str
   variant: str
   config: KernelConfig
@@ -158,14 +164,14 @@ class TuningReport:
   cache_path: Path | None
   timer: str
   trials: list[Trial] = dataclasses.field(default_factory=list)
-  xla_ms: dict[GemmProblem, float] = dataclasses.field(default_factory=dict)
-  tuned: list[GemmProblem] = dataclasses.field(default_factory=list)
-  already_tuned: list[GemmProblem] = dataclasses.field(default_factory=list)
-  out_of_time: list[GemmProblem] = dataclasses.field(default_factory=list)
+  xla_ms: dict[Problem, float] = dataclasses.field(default_factory=dict)
+  tuned: list[Problem] = dataclasses.field(default_factory=list)
+  already_tuned: list[Problem] = dataclasses.field(default_factory=list)
+  out_of_time: list[Problem] = dataclasses.field(default_factory=list)
   elapsed_s: float = 0.0
   compile_s: float = 0.0
 
-  def best(self, problem: GemmProblem) -> Trial | None:
+  def best(self, problem: Problem) -> Trial | None:
     """The trial that was fastest against the XLA timed around it."""
     ok = [t for t in self.trials if t.problem == problem and t.status == "ok"]
     return max(ok, key=lambda t: t.speedup_vs_xla) if ok else None
@@ -195,30 +201,30 @@ def _pick(best: Trial) -> str:
 
 # ---------------------------------------------------------------- tuning
 
-def _inputs(problem: GemmProblem, seed: int, sets: int):
-  """[a0, b0, a1, b1, ...]: `sets` independent standard-normal input sets."""
-  keys = jax.random.split(jax.random.key(seed), 2 * sets)
-  shapes = [problem.a_shape, problem.b_shape] * sets
+def _inputs(problem: Problem, seed: int, sets: int):
+  """The operands of `sets` independent random input sets, one set after another."""
+  op = registry.get_op(problem.op)
+  keys = jax.random.split(jax.random.key(seed), sets)
   return jax.block_until_ready(
-      [jax.random.normal(k, s, jnp.float32).astype(problem.dtype) for k, s in zip(keys, shapes)])
+      [x for k in keys for x in op.example_operands(problem, k)])
 
 
-def _compiled(problem: GemmProblem, backend: str, variant, config, bufs,
+def _compiled(problem: Problem, backend: str, variant, config, bufs,
               xla_options: dict[str, Any] | None = None):
   """The kernel compiled for all input sets at once (`rotated`): one call runs each set.
 
   xla_options: XLA compiler options for this compile only.
   """
-  fn = lambda a, b: bind(a, b, trans_a=problem.trans_a, trans_b=problem.trans_b,
-                         out_dtype=problem.out_dtype, acc_dtype=problem.acc_dtype,
-                         precision=problem.precision, backend=backend, variant=variant,
-                         config=config)
+  op = registry.get_op(problem.op)
+  fn = lambda *operands: op.call(problem, *operands, backend=backend, variant=variant,
+                                 config=config)
   t0 = time.perf_counter()
-  compiled = jax.jit(rotated(fn, len(bufs) // 2)).lower(*bufs).compile(xla_options or None)
+  sets = len(bufs) // op.arity
+  compiled = jax.jit(rotated(fn, sets, op.arity)).lower(*bufs).compile(xla_options or None)
   return compiled, time.perf_counter() - t0
 
 
-def _xla_reference(problem: GemmProblem, bufs, timer: Timer, iters: int, platform: str):
+def _xla_reference(problem: Problem, bufs, timer: Timer, iters: int, platform: str):
   """(compiled, median ms per call, compile s, options) of the XLA program
   kernels are measured against: on a GPU, XLA's dot as it comes, or the faster
   of its compiles with `XLA_REFERENCE_OPTIONS` if within `XLA_PICK_SPREAD` of it."""
@@ -242,11 +248,12 @@ def relative_error(x, y):
   return jnp.linalg.norm((x - y).ravel()) / jnp.linalg.norm(y.ravel())
 
 
-def _candidates(problem: GemmProblem, backends: Iterable[str]):
+def _candidates(problem: Problem, backends: Iterable[str]):
+  usable = registry.backends(problem.op)
   for name in backends:
-    b = registry.get_backend(name)
-    if b.unavailable_reason() is not None:
+    if name not in usable:
       continue
+    b = registry.get_backend(name, problem.op)
     seen = set()
     for variant, config in b.tuning_candidates(problem):
       if (variant, config) in seen:
@@ -270,7 +277,7 @@ def _is_tuned(problem, kind, path, backends) -> bool:
   return all(tuning_cache.has_record(problem, kind, n, v, path) for n, v in pairs)
 
 
-def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] | None = None,
+def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | None = None,
              backends: Iterable[str] | None = None, backward: bool = True,
              time_budget_s: float = 600.0, iters: int | None = None,
              cache_path: str | Path | None = "default", retune: bool = False, seed: int = 0,
@@ -280,7 +287,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
   Args:
     fn, *args, **kwargs: a function and example arguments (arrays or
       `jax.ShapeDtypeStruct`s); traced, not run, to find its `matmul_p`s.
-    problems: `GemmProblem`s to tune as well (or instead of `fn`).
+    problems: `Problem`s to tune as well (or instead of `fn`).
     backends: the kernel backends to try (default: every usable one but
       `xla`, which is always timed as the reference).
     backward: also tune the gradient GEMMs of each problem found.
@@ -308,7 +315,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[GemmProblem] 
   t_start = time.perf_counter()
   path = tuning_cache.default_cache_path() if cache_path == "default" else (
       Path(cache_path) if cache_path is not None else None)
-  found: dict[GemmProblem, None] = {}
+  found: dict[Problem, None] = {}
   if fn is not None:
     found.update(dict.fromkeys(problems_in(fn, *args, backward=backward, **kwargs)))
   for p in problems or ():
@@ -404,7 +411,7 @@ def _time_trial(trial: Trial, bufs, ref, xla_compiled, timer: Timer, iters: int)
 def _time_against_xla(trial: Trial, kernel, xla_compiled, bufs, timer: Timer, iters: int):
   """Sets the trial's times per input set, the kernel's paired with XLA's dot."""
   kernel_ms, xla_ms = time_paired(timer, kernel, xla_compiled, bufs, iters)
-  sets = len(bufs) // 2
+  sets = len(bufs) // registry.get_op(trial.problem.op).arity
   trial.time_ms = summarize(kernel_ms)["median_ms"] / sets
   trial.xla_time_ms = summarize(xla_ms)["median_ms"] / sets
 
@@ -423,15 +430,15 @@ def _time_contenders_again(timed, xla_compiled, args, timer: Timer, iters: int) 
     trial.note = f"contender, timed twice (first {first:.3f}x)"
 
 
-def _store(report: TuningReport, problem: GemmProblem, path: Path | None, kind: str,
+def _store(report: TuningReport, problem: Problem, path: Path | None, kind: str,
            xla_ms: float, timer: str) -> None:
   """The fastest config of each (backend, variant), and XLA's own record, into the cache."""
   stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-  shape = tuning_cache.shape_key(problem)
+  shape = problem.shape_key()
 
   def record(backend, config_dict, ms, xla_around_ms):
     return {"config": config_dict, "time_ms": ms, "xla_time_ms": xla_around_ms, "timer": timer,
-            "version": tuning_cache.kernel_version(backend), "tuned_at": stamp,
+            "version": tuning_cache.kernel_version(backend, problem.op), "tuned_at": stamp,
             "jax": jax.__version__}
 
   records = {tuning_cache.entry_key(kind, "xla", "dot_general", problem):

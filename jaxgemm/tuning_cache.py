@@ -2,22 +2,23 @@
 
 Both are the same JSON format, written by `jaxgemm.autotune`:
 
-    {"format": 1,
+    {"format": 2,
      "entries": {
-       "<device kind>|<backend>/<variant>|<dtype>-><out dtype>|<precision>|<NN|NT|TN|TT>|<bucket>": {
-         "<batch>x<m>x<n>x<k>": {"config": {...}, "time_ms": 0.61, "xla_time_ms": 0.60,
-                                 "version": "3f2a9c01d4e7", "timer": "cupti", ...}}}}
+       "<op>|<device kind>|<backend>/<variant>|<op's fields>|<bucket>": {
+         "<shape>": {"config": {...}, "time_ms": 0.61, "xla_time_ms": 0.60,
+                     "version": "3f2a9c01d4e7", "timer": "cupti", ...}}}}
 
-The key names the device kind (``jax.Device.device_kind``, "NVIDIA H200"),
-the kernel, the dtypes, the precision, the transpose flags and a shape bucket:
-each of batch, M, N, K rounded up to a power of two, plus whether every
-operand row is 16-byte aligned (alignment decides whether TMA and vector
-loads can be used, so 4095x4097x4093 never borrows 4096^3's choice). Within a
-bucket the record of the nearest tuned shape is used.
+The key names the op ("matmul"), the device kind (``jax.Device.device_kind``,
+"NVIDIA H200"), the kernel, what the op's problem says must match exactly
+(`Problem.cache_fields`; for matmul: dtypes, precision, transpose flags), and a
+shape bucket (`Problem.bucket`: each size rounded up to a power of two, plus
+whether every operand row is 16-byte aligned, since alignment decides whether
+TMA and vector loads can be used, so 4095x4097x4093 never borrows 4096^3's
+choice). Within a bucket the record of the nearest tuned shape is used.
 
-Every record carries the kernel source version (`kernel_version`: a hash of
-the backend's kernel sources); a record whose version differs from the
-installed kernels' is stale and ignored.
+Every record carries the kernel version (`kernel_version`: a hash of the code
+of the backend's kernel modules, docstrings and comments left out); a record
+whose version differs from the installed kernels' is stale and ignored.
 
 The cache lives at ``$JAXGEMM_AUTOTUNE_CACHE`` (a file path; "off" disables
 it), by default ``$XDG_CACHE_HOME/jaxgemm/autotune.json``
@@ -32,9 +33,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import ast
 import hashlib
+import importlib.util
 import json
-import math
 import os
 import re
 import tempfile
@@ -44,12 +46,13 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.base import Problem
 
-FORMAT = 1
+# Format 2 keys records by op and hashes kernel code, not bytes (format 1 files
+# are ignored with a warning: every record in them is stale).
+FORMAT = 2
 CACHE_ENV = "JAXGEMM_AUTOTUNE_CACHE"
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
-_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 class TuningCacheWarning(UserWarning):
@@ -58,80 +61,79 @@ class TuningCacheWarning(UserWarning):
 
 # ---------------------------------------------------------------- keys
 
-def _next_pow2(x: int) -> int:
-  return 1 if x <= 1 else 1 << (x - 1).bit_length()
-
-
-def rows_aligned(problem: GemmProblem) -> bool:
-  """Whether every operand's and the output's rows are 16-byte aligned."""
-  item, out_item = np.dtype(problem.dtype).itemsize, np.dtype(problem.out_dtype).itemsize
-  a_row = problem.m if problem.trans_a else problem.k
-  b_row = problem.k if problem.trans_b else problem.n
-  return a_row * item % 16 == 0 and b_row * item % 16 == 0 and problem.n * out_item % 16 == 0
-
-
-def bucket(problem: GemmProblem) -> str:
-  dims = (problem.batch, problem.m, problem.n, problem.k)
-  b, m, n, k = map(_next_pow2, dims)
-  return f"b{b}.m{m}.n{n}.k{k}.{'a16' if rows_aligned(problem) else 'unaligned'}"
-
-
-def shape_key(problem: GemmProblem) -> str:
-  return f"{problem.batch}x{problem.m}x{problem.n}x{problem.k}"
-
-
-def _precision_name(problem: GemmProblem) -> str:
-  if problem.fp32_precision is not None:
-    return problem.fp32_precision
-  return "default"
-
-
-def entry_key(device_kind: str, backend: str, variant: str, problem: GemmProblem) -> str:
+def entry_key(device_kind: str, backend: str, variant: str, problem: Problem) -> str:
   """The cache key of `backend/variant` on `problem`'s bucket on `device_kind`."""
-  trans = ("T" if problem.trans_a else "N") + ("T" if problem.trans_b else "N")
-  dtypes = f"{np.dtype(problem.dtype).name}->{np.dtype(problem.out_dtype).name}"
-  return "|".join((device_kind, f"{backend}/{variant}", dtypes, _precision_name(problem),
-                   trans, bucket(problem)))
+  return "|".join((problem.op, device_kind, f"{backend}/{variant}", *problem.cache_fields(),
+                   problem.bucket()))
 
 
-def _parse_key(key: str) -> tuple[str, str, str, str] | None:
-  """(device kind, backend, variant, rest of the key) of an entry key."""
+def _parse_key(key: str) -> tuple[str, str, str, str, str] | None:
+  """(op, device kind, backend, variant, rest of the key) of an entry key."""
   parts = key.split("|")
-  if len(parts) != 6 or "/" not in parts[1]:
+  if len(parts) < 4 or "/" not in parts[2]:
     return None
-  backend, variant = parts[1].split("/", 1)
-  return parts[0], backend, variant, "|".join(parts[2:])
+  backend, variant = parts[2].split("/", 1)
+  return parts[0], parts[1], backend, variant, "|".join(parts[3:])
 
 
 # ---------------------------------------------------------------- versions
 
-_VERSION_SOURCES = {
-    # The kernels and the layout preparation around them decide a config's
-    # speed; a change to either makes the backend's tuned records stale.
-    "triton": ("kernels/triton", "backends/triton.py", "backends/triton_call.py"),
-    "pallas": ("kernels/pallas", "backends/pallas.py"),
-    "xla": ("backends/xla.py",),
-}
+class _StripDocstrings(ast.NodeTransformer):
+  """Drops the docstring of every module, class and function: prose, not code."""
+
+  def _strip(self, node):
+    self.generic_visit(node)
+    body = node.body
+    if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)):
+      node.body = body[1:] or [ast.Pass()]
+    return node
+
+  visit_Module = visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = _strip
 
 
-def _source_files(rel: str) -> list[Path]:
-  if rel.startswith("kernels/"):
-    import jaxgemm.kernels  # noqa: PLC0415 (installed under the package)
-    base = Path(jaxgemm.kernels.__file__).resolve().parent / rel.split("/", 1)[1]
-  else:
-    base = _PACKAGE_DIR / rel
-  return sorted(base.glob("*.py")) if base.is_dir() else [base]
+def code_fingerprint(source: str) -> str:
+  """The code of a Python source without its comments, docstrings and layout.
+
+  Two sources with the same fingerprint run the same program: a docstring or
+  comment edit keeps it, any change to code (a constant, a name, an import)
+  changes it.
+  """
+  tree = _StripDocstrings().visit(ast.parse(source))
+  return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def _module_files(module: str) -> list[tuple[str, Path]]:
+  """(dotted name, path) of a module, or of each .py file directly in a package."""
+  spec = importlib.util.find_spec(module)
+  if spec is None:
+    raise ModuleNotFoundError(module)
+  if spec.submodule_search_locations:
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return [(f"{module}.{p.stem}", p) for p in sorted(folder.glob("*.py"))]
+  return [(module, Path(spec.origin))]
+
+
+def modules_version(modules) -> str:
+  """A hash of the code (not the prose) of `modules` (dotted names; a package means its files)."""
+  h = hashlib.sha256()
+  for module in modules:
+    for name, path in _module_files(module):
+      h.update(name.encode())
+      h.update(code_fingerprint(path.read_text()).encode())
+  return h.hexdigest()[:12]
 
 
 @functools.cache
-def kernel_version(backend: str) -> str:
-  """A hash of `backend`'s kernel sources: tuned records of other versions are stale."""
-  h = hashlib.sha256()
-  for rel in _VERSION_SOURCES.get(backend, ()):
-    for path in _source_files(rel):
-      h.update(path.name.encode())
-      h.update(path.read_bytes())
-  return h.hexdigest()[:12]
+def kernel_version(backend: str, op: str = "matmul") -> str:
+  """The version of `backend`'s kernels for `op`: tuned records of another are stale.
+
+  It hashes the backend's `kernel_modules` (its kernels and the layout
+  preparation around them, which decide a config's speed) by code alone, so
+  editing a docstring or comment keeps the shipped tables current.
+  """
+  from jaxgemm import registry  # noqa: PLC0415 (the registry imports the ops, which import us)
+  return modules_version(registry.get_backend(backend, op).kernel_modules)
 
 
 # ---------------------------------------------------------------- files
@@ -276,31 +278,33 @@ class Tuned:
     return self.xla_time_ms / self.time_ms
 
 
-def _distance(shape: str, problem: GemmProblem) -> float:
-  dims = [int(x) for x in shape.split("x")]
-  want = (problem.batch, problem.m, problem.n, problem.k)
-  return sum(abs(math.log(max(a, 1) / max(b, 1))) for a, b in zip(dims, want))
-
-
 def _records(entries, source, device_kind, problem, backend) -> dict[tuple[str, str], Tuned]:
   out = {}
-  suffix = entry_key(device_kind, "b", "v", problem).split("|", 2)[2]
+  suffix = _parse_key(entry_key(device_kind, "b", "v", problem))[4]
   for key, shapes in entries.items():
     parsed = _parse_key(key)
-    if parsed is None or parsed[0] != device_kind or parsed[3] != suffix:
+    if parsed is None or parsed[:2] != (problem.op, device_kind) or parsed[4] != suffix:
       continue
-    _, b, v, _ = parsed
+    _, _, b, v, _ = parsed
     if backend is not None and b != backend:
       continue
+    version = _current_version(b, problem.op)
     current = {s: r for s, r in shapes.items()
-               if r.get("version") == kernel_version(b) and _valid_record(r)}
+               if version is not None and r.get("version") == version and _valid_record(r)}
     if not current:
-      continue   # stale (kernel sources changed since) or malformed
-    shape = min(current, key=lambda s: _distance(s, problem))
+      continue   # stale (kernel code changed since), malformed, or no such backend
+    shape = min(current, key=problem.distance)
     r = current[shape]
     out[(b, v)] = Tuned(b, v, dict(r["config"]), float(r["time_ms"]),
                         float(r["xla_time_ms"]), shape, source)
   return out
+
+
+def _current_version(backend: str, op: str) -> str | None:
+  try:
+    return kernel_version(backend, op)
+  except ValueError:   # a backend this installation does not have
+    return None
 
 
 def _valid_record(r: dict) -> bool:
@@ -311,7 +315,7 @@ def _valid_record(r: dict) -> bool:
     return False
 
 
-def lookup(problem: GemmProblem, device_kind: str, backend: str | None = None,
+def lookup(problem: Problem, device_kind: str, backend: str | None = None,
            cache_path: Path | None | str = "default") -> list[Tuned]:
   """The current tuned records for `problem` on `device_kind` (of one backend, or all).
 
@@ -323,9 +327,10 @@ def lookup(problem: GemmProblem, device_kind: str, backend: str | None = None,
   return list(found.values())
 
 
-def has_record(problem: GemmProblem, device_kind: str, backend: str, variant: str,
+def has_record(problem: Problem, device_kind: str, backend: str, variant: str,
                path: Path | None) -> bool:
   """Whether `path` holds a current record of exactly this problem for backend/variant."""
   shapes = load(path).get(entry_key(device_kind, backend, variant, problem), {})
-  r = shapes.get(shape_key(problem))
-  return r is not None and r.get("version") == kernel_version(backend) and _valid_record(r)
+  r = shapes.get(problem.shape_key())
+  return (r is not None and r.get("version") == _current_version(backend, problem.op)
+          and _valid_record(r))

@@ -35,11 +35,11 @@ def test_variants_ladder(backend):
 
 
 PROBLEMS = [
-    registry.GemmProblem(1, 33, 24, 40, np.dtype(np.float32), np.dtype(np.float32),
+    jaxgemm.GemmProblem(1, 33, 24, 40, np.dtype(np.float32), np.dtype(np.float32),
                          np.dtype(np.float32), precision=(lax.Precision.HIGHEST,) * 2),
-    registry.GemmProblem(2, 128, 256, 64, np.dtype(jnp.bfloat16), np.dtype(jnp.bfloat16),
+    jaxgemm.GemmProblem(2, 128, 256, 64, np.dtype(jnp.bfloat16), np.dtype(jnp.bfloat16),
                          np.dtype(np.float32), trans_b=True),
-    registry.GemmProblem(1, 4096, 4096, 512, np.dtype(np.float16), np.dtype(np.float32),
+    jaxgemm.GemmProblem(1, 4096, 4096, 512, np.dtype(np.float16), np.dtype(np.float32),
                          np.dtype(np.float32), trans_a=True),
 ]
 
@@ -87,7 +87,7 @@ def test_explicit_config_gives_the_default_result(kernel, rng):
   """config= the backend's default (after a JSON round trip) computes the same result."""
   dtype, precision = best_setting(kernel, (33, 40), (40, 24))
   b = registry.get_backend(kernel.backend)
-  problem = registry.GemmProblem(1, 33, 24, 40, np.dtype(dtype), np.dtype(dtype),
+  problem = jaxgemm.GemmProblem(1, 33, 24, 40, np.dtype(dtype), np.dtype(dtype),
                                  np.dtype(np.float32),
                                  precision=None if precision is None else (precision,) * 2)
   config = b.config_cls.from_json(b.default_config(problem, kernel.variant).to_json())

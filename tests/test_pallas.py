@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import jaxgemm
-from jaxgemm.registry import GemmProblem
+from jaxgemm import GemmProblem
 
-pallas = importlib.import_module("jaxgemm.backends.pallas")
+pallas = importlib.import_module("jaxgemm.ops.matmul.pallas")
 PallasConfig = pallas.PallasConfig
 BACKEND = jaxgemm.registry.get_backend("pallas")
 
@@ -204,7 +204,7 @@ def test_interpreter_matches_reference(variant, case):
 
 def test_interpreter_f32_output():
   p = problem(1, 65, 40, 33, jnp.bfloat16, out_dtype=jnp.float32)
-  kernel_fn = getattr(importlib.import_module("jaxgemm.kernels.pallas.basic"), "basic")
+  kernel_fn = getattr(importlib.import_module("jaxgemm.kernels.pallas.matmul.basic"), "basic")
   a, b = operands(p)
   out = kernel_fn(a, b, p, small_config("basic"), interpret=True)
   assert out.dtype == jnp.float32
@@ -287,7 +287,7 @@ def test_gpu_narrow_k_step_configs_match_reference(variant, trans, tiles):
 
 # ---------------------------------------------------------------- exact C stores
 
-ws = importlib.import_module("jaxgemm.kernels.pallas.warp_specialized")
+ws = importlib.import_module("jaxgemm.kernels.pallas.matmul.warp_specialized")
 common = importlib.import_module("jaxgemm.kernels.pallas.common")
 PERSISTENT = [v for v in pallas._PERSISTENT if v in pallas.VARIANTS]
 
@@ -426,7 +426,7 @@ def test_interpreter_stream_k(case, split_rounds, sms, monkeypatch):
   tiles = batch * common.cdiv(m, cfg.tile_m) * common.cdiv(n, 2 * cfg.tile_n)
   assert ws.plan_stream_k(tiles, common.num_sms(True) // 2, k // cfg.tile_k,
                           split_rounds) is not None
-  stream_k = importlib.import_module("jaxgemm.kernels.pallas.stream_k").stream_k
+  stream_k = importlib.import_module("jaxgemm.kernels.pallas.matmul.stream_k").stream_k
   a, b = operands(p, seed=4)
   out = jax.jit(lambda a, b: stream_k(a, b, p, cfg, interpret=True))(a, b)
   assert_close(out, reference(a, b, p), p)
@@ -475,7 +475,7 @@ def test_interpreter_pingpong_uneven_tiles(case):
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
   cfg = small_config("pingpong")
   assert (cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.max_concurrent_steps) == (64, 64, 32, 2)
-  kernel_fn = importlib.import_module("jaxgemm.kernels.pallas.pingpong").pingpong
+  kernel_fn = importlib.import_module("jaxgemm.kernels.pallas.matmul.pingpong").pingpong
   a, b = operands(p, seed=6)
   out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
   assert_close(out, reference(a, b, p), p)

@@ -582,7 +582,7 @@ def test_derived_gemms_pass_the_variant_check(kernel, dims, batch):
   """The GEMMs that grad and vmap derive run on the forward's kernel: each must be
   one that kernel accepts (its `check`), as the forward was, or it would run a
   kernel outside its contract. Traced only."""
-  from jaxgemm import primitive
+  from jaxgemm.ops.matmul import primitive
   a_shape, b_shape = _shapes(dims, batch=batch)
   fn = lambda a, b, **kw: jaxgemm.dot_general(a, b, dims, **kw)
   dtype, precision = best_setting(kernel, a_shape, b_shape, fn=fn)

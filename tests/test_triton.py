@@ -18,9 +18,9 @@ import jaxgemm
 from gemm_testing import as_f64, assert_gemm_close, dot_general_reference, random_array, tolerance
 
 pytest.importorskip("triton")
-from jaxgemm.backends.triton import TritonBackend, TritonConfig  # noqa: E402
-from jaxgemm.kernels.triton.tiled import needs_index_64  # noqa: E402
-from jaxgemm.registry import GemmProblem  # noqa: E402
+from jaxgemm.ops.matmul.triton import TritonMatmul, TritonConfig  # noqa: E402
+from jaxgemm.kernels.triton.matmul.tiled import needs_index_64  # noqa: E402
+from jaxgemm import GemmProblem  # noqa: E402
 
 BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
 
@@ -87,7 +87,7 @@ def test_config_fields_are_validated():
     (_problem(4096, 4096, 4096, F32, precision=(jax.lax.Precision.HIGHEST,) * 2), "pipelined"),
 ])
 def test_default_variant(problem, variant):
-  assert TritonBackend().default_variant(problem) == variant
+  assert TritonMatmul().default_variant(problem) == variant
 
 
 def test_index_64_switches_on_at_2_to_the_31_elements():

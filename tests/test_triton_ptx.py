@@ -4,7 +4,7 @@ jax-triton 0.3.1 gives integer kernel arguments no divisibility-16 attribute,
 and the tutorial matmul then compiled without cp.async (0 in its sm_90 PTX,
 56 with the integers marked) and ran at 33.7 instead of 750.6 TFLOP/s
 (../shared/GPU_NOTES.md). Our kernels take every integer as a constexpr
-(jaxgemm/backends/triton_call.py). Here we compile the launches our backend
+(jaxgemm/triton_call.py). Here we compile the launches our backend
 makes with jax-triton's own compilation function (`get_or_create_triton_kernel`,
 Triton's CUDA backend targeting sm_90, no GPU needed) and read the PTX.
 """
@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgemm.registry import GemmProblem
+from jaxgemm import GemmProblem
 
 triton = pytest.importorskip("triton")
-from jaxgemm.backends.triton import TritonConfig  # noqa: E402
-from jaxgemm.kernels.triton import tiled  # noqa: E402
+from jaxgemm.ops.matmul.triton import TritonConfig  # noqa: E402
+from jaxgemm.kernels.triton.matmul import tiled  # noqa: E402
 
 
 @functools.cache
@@ -80,7 +80,7 @@ def test_tensorcore_launch_keeps_cp_async_and_wgmma(trans_a, trans_b, monkeypatc
 
 def test_integer_arguments_are_refused(monkeypatch):
   """Passing M, N, K as runtime integers would bring the bug back: `call` refuses."""
-  from jaxgemm.backends import triton_call
+  from jaxgemm import triton_call
   problem = _problem(jnp.float16, m=64, n=64, k=64)
   launch = tiled.blocked_launch(problem, TritonConfig(), "cuda", upcast=False,
                                 dot_precision="tf32")

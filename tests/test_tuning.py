@@ -21,8 +21,9 @@ import pytest
 import jaxgemm
 from gemm_testing import (DriftingTimer, assert_gemm_close, matmul_reference, random_array,
                           tolerance)
-from jaxgemm import dispatch, primitive, registry, timing, tuning, tuning_cache
-from jaxgemm.backends.triton import TritonConfig
+from jaxgemm import dispatch, registry, timing, tuning, tuning_cache
+from jaxgemm.ops.matmul import primitive
+from jaxgemm.ops.matmul.triton import TritonConfig
 
 BF16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float32)
 KIND = dispatch.device_kind()          # "cpu" here
@@ -30,8 +31,8 @@ pytestmark = pytest.mark.skipif("triton" not in jaxgemm.backends(),
                                 reason="the triton backend (its interpreter) is not installed")
 
 
-def problem(m=48, n=40, k=32, dtype=F32, batch=1, **kw) -> registry.GemmProblem:
-  return registry.GemmProblem(batch, m, n, k, np.dtype(dtype), np.dtype(dtype), F32, **kw)
+def problem(m=48, n=40, k=32, dtype=F32, batch=1, **kw) -> jaxgemm.GemmProblem:
+  return jaxgemm.GemmProblem(batch, m, n, k, np.dtype(dtype), np.dtype(dtype), F32, **kw)
 
 
 def record(backend, config, time_ms, xla_time_ms=1.0, version=None) -> dict:
@@ -43,7 +44,7 @@ def record(backend, config, time_ms, xla_time_ms=1.0, version=None) -> dict:
 def write(path, p, entries: dict[tuple[str, str], dict]):
   """A tuning file holding `entries` {(backend, variant): record} for problem `p`."""
   data = {"format": tuning_cache.FORMAT, "entries": {
-      tuning_cache.entry_key(KIND, b, v, p): {tuning_cache.shape_key(p): r}
+      tuning_cache.entry_key(KIND, b, v, p): {p.shape_key(): r}
       for (b, v), r in entries.items()}}
   path.write_text(json.dumps(data))
 
@@ -218,7 +219,7 @@ def test_autotune_round_trip(cache):
   data = json.loads(cache.read_text())
   assert data["format"] == tuning_cache.FORMAT
   xla_key = tuning_cache.entry_key(KIND, "xla", "dot_general", p)
-  assert data["entries"][xla_key][tuning_cache.shape_key(p)]["time_ms"] > 0
+  assert data["entries"][xla_key][p.shape_key()]["time_ms"] > 0
 
   # Each tuned (backend, variant) comes back as its config fastest against XLA.
   for variant in {t.variant for t in ok}:
@@ -254,7 +255,7 @@ def test_autotune_times_each_candidate_interleaved_with_xla(cache, monkeypatch):
   assert blocks[3] is not xla_first and blocks[4] is not xla_first and blocks[5] is xla_first
   data = json.loads(cache.read_text())["entries"]
   for t in ok:
-    stored = data[tuning_cache.entry_key(KIND, "triton", t.variant, p)][tuning_cache.shape_key(p)]
+    stored = data[tuning_cache.entry_key(KIND, "triton", t.variant, p)][p.shape_key()]
     best = max((u for u in ok if u.variant == t.variant), key=lambda u: u.speedup_vs_xla)
     assert (stored["time_ms"], stored["xla_time_ms"]) == (best.time_ms, best.xla_time_ms)
 
@@ -391,6 +392,44 @@ def test_kernel_version_follows_the_sources():
   assert all(len(v) == 12 for v in versions.values())
 
 
+_KERNEL = textwrap.dedent('''
+    """A kernel module."""
+    import math
+
+    BLOCK = 128  # the tile
+
+
+    def tile_count(n):
+      """How many tiles cover n."""
+      return math.ceil(n / BLOCK)
+    ''')
+
+
+@pytest.mark.parametrize("edit, same", [
+    (lambda s: s.replace("A kernel module.", "A kernel module, documented better."), True),
+    (lambda s: s.replace("How many tiles", "The number of tiles that"), True),
+    (lambda s: s.replace("# the tile", "# the tile, measured best on the H200"), True),
+    (lambda s: s.replace("\n\n\ndef", "\n\ndef") + "\n# trailing note\n", True),
+    (lambda s: s.replace("BLOCK = 128", "BLOCK = 64"), False),
+    (lambda s: s.replace("math.ceil(n / BLOCK)", "-(-n // BLOCK)"), False),
+    (lambda s: s.replace('"""How many tiles cover n."""\n  ', ""), True),
+    (lambda s: s + "EXTRA = 1\n", False),
+])
+def test_kernel_version_ignores_prose_and_follows_code(tmp_path, monkeypatch, edit, same):
+  """A docstring or comment edit keeps a kernel's version (the shipped table stays
+  current); any code edit changes it (its tuned records go stale)."""
+  package = tmp_path / "fake_kernels"
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  (package / "rung.py").write_text(_KERNEL)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  before = tuning_cache.modules_version(["fake_kernels"])
+  edited = edit(_KERNEL)
+  assert edited != _KERNEL
+  (package / "rung.py").write_text(edited)
+  assert (tuning_cache.modules_version(["fake_kernels"]) == before) == same
+
+
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99, "entries": {}}),
                                      json.dumps({"format": 1, "entries": []}), ""])
 def test_corrupt_cache_is_reported_and_ignored(cache, rng, content):
@@ -422,13 +461,13 @@ _WRITER = textwrap.dedent("""
     import numpy as np
     from pathlib import Path
     from jaxgemm import tuning_cache
-    from jaxgemm.registry import GemmProblem
+    from jaxgemm import GemmProblem
     path, worker = Path(sys.argv[1]), int(sys.argv[2])
     f32 = np.dtype("float32")
     for i in range(25):
       p = GemmProblem(1, 16 * (worker + 1), 16, 16 * (i + 1), f32, f32, f32)
       key = tuning_cache.entry_key("cpu", "xla", "dot_general", p)
-      tuning_cache.store(path, {key: {tuning_cache.shape_key(p): {
+      tuning_cache.store(path, {key: {p.shape_key(): {
           "config": {}, "time_ms": 1.0, "xla_time_ms": 1.0, "version": "v"}}})
 """)
 

@@ -11,7 +11,7 @@ This is the fp32 path for precision=HIGHEST.
 Measured: see the ladder table in README.md (bench/results).
 """
 
-from jaxgemm.kernels.triton.tiled import blocked_matmul
+from jaxgemm.kernels.triton.matmul.tiled import blocked_matmul
 
 
 def matmul(a, b, problem, config, platform, out_mn=None):

@@ -12,7 +12,7 @@ that and tests/test_triton_ptx.py checks the PTX.
 Measured: see the ladder table in README.md (bench/results).
 """
 
-from jaxgemm.kernels.triton.tiled import blocked_matmul
+from jaxgemm.kernels.triton.matmul.tiled import blocked_matmul
 
 
 def matmul(a, b, problem, config, platform, out_mn=None):

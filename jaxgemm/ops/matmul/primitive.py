@@ -29,7 +29,8 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from jaxgemm import dispatch, registry
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.base import Op, normal_operands
+from jaxgemm.ops.matmul.problem import GemmProblem
 
 matmul_p = Primitive("jaxgemm_matmul")
 
@@ -76,7 +77,7 @@ def resolve_kernel(problem: GemmProblem, params, platform: str | None = None):
   """
   choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
                            platform=platform)
-  return registry.get_backend(choice.backend), choice.variant, choice.config
+  return registry.get_backend(choice.backend, problem.op), choice.variant, choice.config
 
 
 def _abstract_eval(a, b, **params):
@@ -173,3 +174,20 @@ batching.primitive_batchers[matmul_p] = _batch_rule
 for _platform in ("cuda", "cpu"):
   mlir.register_lowering(matmul_p, functools.partial(_lowering, platform=_platform),
                          platform=_platform)
+
+
+def _call(problem: GemmProblem, a, b, *, backend, variant, config):
+  return bind(a, b, trans_a=problem.trans_a, trans_b=problem.trans_b,
+              out_dtype=problem.out_dtype, acc_dtype=problem.acc_dtype,
+              precision=problem.precision, backend=backend, variant=variant, config=config)
+
+
+MATMUL = registry.register_op(Op(
+    name="matmul",
+    primitive=matmul_p,
+    arity=2,
+    problem_of=lambda avals, params: problem_of(*avals, **params),
+    call=_call,
+    example_operands=lambda p, key: normal_operands(
+        [(p.a_shape, p.dtype), (p.b_shape, p.dtype)], key),
+))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
-from jaxgemm.backends import triton_call
+from jaxgemm import triton_call
 from jaxgemm.kernels.triton.common import grouped_tile, store_tile, tile_ptrs
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.matmul.problem import GemmProblem
 
 VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters", "stream_k", "pingpong")
 # Persistent variants: a producer and two consumer warpgroups.
@@ -106,8 +106,12 @@ def smem_bytes(problem: GemmProblem, variant: str, config: PallasConfig) -> dict
   return parts
 
 
-class PallasBackend(registry.Backend):
+class PallasMatmul(registry.Backend):
+  op = "matmul"
   name = "pallas"
+  # Code that decides a tuned config's speed: a change to it stales the records.
+  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul",
+                    "jaxgemm.ops.matmul.pallas")
   config_cls = PallasConfig
   variants = VARIANTS
 
@@ -231,7 +235,7 @@ class PallasBackend(registry.Backend):
     if platform not in ("cuda", "cpu"):
       raise NotImplementedError(f"backend='pallas' runs on cuda (or the cpu "
                                 f"interpreter), not {platform!r}")
-    module = importlib.import_module(f"jaxgemm.kernels.pallas.{variant}")
+    module = importlib.import_module(f"jaxgemm.kernels.pallas.matmul.{variant}")
     kernel_fn = getattr(module, variant)
     interpret = platform == "cpu"
 
@@ -255,4 +259,4 @@ class PallasBackend(registry.Backend):
     return interpreted
 
 
-registry.register(PallasBackend())
+registry.register(PallasMatmul())

@@ -29,12 +29,12 @@ cluster_m=2 measured lower than cluster_n=2 on every shape tried (e.g. 8192^3:
 
 from __future__ import annotations
 
-from jaxgemm.kernels.pallas import warp_specialized
+from jaxgemm.kernels.pallas.matmul import warp_specialized
 
 
 def clusters(a, b, problem, config, interpret: bool = False):
   """C = op(A) @ op(B) for `problem` with rung 4's kernel (a 2-CTA
-  cluster shape in `config`: `PallasBackend.check` validates it)."""
+  cluster shape in `config`: `PallasMatmul.check` validates it)."""
   return warp_specialized.persistent_call(a, b, problem, config, interpret,
                                           cluster_m=config.cluster_m,
                                           cluster_n=config.cluster_n)

@@ -11,9 +11,9 @@ Measured: see the ladder table in README.md (bench/results).
 import triton
 import triton.language as tl
 
-from jaxgemm.backends import triton_call
+from jaxgemm import triton_call
 from jaxgemm.kernels.triton.common import store_tile
-from jaxgemm.kernels.triton.tiled import needs_index_64, operand_strides
+from jaxgemm.kernels.triton.matmul.tiled import needs_index_64, operand_strides
 
 import jax
 

@@ -28,7 +28,7 @@ the two splits is faster depends on the shape; the autotuner tries both.
 
 from __future__ import annotations
 
-from jaxgemm.kernels.pallas import warp_specialized
+from jaxgemm.kernels.pallas.matmul import warp_specialized
 
 
 def stream_k(a, b, problem, config, interpret: bool = False):

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.matmul.problem import GemmProblem
 
 # Hopper's opt-in shared memory per block (227 KB), what a config may fill.
 SMEM_BYTES = 227 * 1024
@@ -95,8 +95,12 @@ def _clamped(problem: GemmProblem, variant: str, tiles: dict) -> dict:
           "block_k": _pow2_at_least(problem.k, 16, tiles["block_k"])}
 
 
-class TritonBackend(registry.Backend):
+class TritonMatmul(registry.Backend):
+  op = "matmul"
   name = "triton"
+  # Code that decides a tuned config's speed: a change to it stales the records.
+  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.matmul",
+                    "jaxgemm.ops.matmul.triton", "jaxgemm.triton_call")
   config_cls = TritonConfig
   variants = tuple(_RUNGS)
 
@@ -222,7 +226,7 @@ class TritonBackend(registry.Backend):
             f"the {SMEM_BYTES} available; lower num_stages or the tiles")
 
   def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):
-    kernel = importlib.import_module(f"jaxgemm.kernels.triton.{_RUNGS[variant].module}")
+    kernel = importlib.import_module(f"jaxgemm.kernels.triton.matmul.{_RUNGS[variant].module}")
     if _RUNGS[variant].cuda_cores:
       return lambda a, b: kernel.matmul(a, b, problem, config, platform)
     return _tensor_core_layout(kernel.matmul, problem, config, platform)
@@ -270,4 +274,4 @@ def _tensor_core_layout(matmul, problem: GemmProblem, config: KernelConfig, plat
   return laid_out_matmul
 
 
-registry.register(TritonBackend())
+registry.register(TritonMatmul())

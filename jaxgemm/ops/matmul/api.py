@@ -18,8 +18,8 @@ from jax import lax
 
 from jaxgemm import dispatch, registry
 from jaxgemm.config import KernelConfig
-from jaxgemm.primitive import bind
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.matmul.primitive import bind
+from jaxgemm.ops.matmul.problem import GemmProblem
 
 def _canonical_precision(precision) -> tuple[lax.Precision, lax.Precision] | None:
   if precision is None:
@@ -49,24 +49,10 @@ def _route(problem: GemmProblem | None, backend: str, variant, config,
   problem raises (NotImplementedError for unsupported features, ValueError or
   TypeError for bad arguments).
   """
-  if backend == dispatch.AUTO:
-    if variant is not None or config is not None:
-      dispatch.choose(None, backend, variant, config)   # raises the ValueError
-    if problem is None:
-      return None
-    dispatch.choose(problem, backend)
-    return dict(backend=backend, variant=None, config=None)
-
-  b = registry.get_backend(backend)
-  reason = b.unavailable_reason()
-  if reason is not None:
-    raise ValueError(f"backend={backend!r} is not usable here: {reason}. "
-                     f"Usable backends: {list(registry.backends())}")
-  registry.resolve_variant(b, variant, None)   # an unknown name is reported first
-  if config is not None and not isinstance(config, b.config_cls):
-    raise TypeError(f"backend={backend!r} takes config={b.config_cls.__name__}(...), "
-                    f"got {type(config).__name__}")
+  dispatch.validate(GemmProblem.op, backend, variant, config)
   if problem is None:
+    if backend == dispatch.AUTO:
+      return None
     raise NotImplementedError(f"backend={backend!r} cannot run this call: "
                               f"{why_not_canonical}")
   dispatch.choose(problem, backend, variant, config)   # checks the choice before tracing

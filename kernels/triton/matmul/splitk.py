@@ -10,7 +10,7 @@ tensor cores.
 Measured: see the ladder table in README.md (bench/results).
 """
 
-from jaxgemm.kernels.triton.tiled import blocked_matmul
+from jaxgemm.kernels.triton.matmul.tiled import blocked_matmul
 
 
 def matmul(a, b, problem, config, platform, out_mn=None):

@@ -26,9 +26,9 @@ import jax
 import triton
 import triton.language as tl
 
-from jaxgemm.backends import triton_call
+from jaxgemm import triton_call
 from jaxgemm.kernels.triton.common import grouped_tile, store_tile
-from jaxgemm.kernels.triton.tiled import accumulate_tile, needs_index_64, operand_strides
+from jaxgemm.kernels.triton.matmul.tiled import accumulate_tile, needs_index_64, operand_strides
 
 
 @triton.jit
@@ -116,7 +116,7 @@ def num_sms(platform: str) -> int:
   builds a helper module on first use, which fails once jax-triton has set
   TRITON_CACHE_DIR to "" (the H200 GPU test run of 2026-11-22).
   """
-  from jaxgemm.backends.triton import DEFAULT_NUM_SMS  # noqa: PLC0415
+  from jaxgemm.ops.matmul.triton import DEFAULT_NUM_SMS  # noqa: PLC0415
   gpus = [d for d in jax.devices() if d.platform == "gpu"] if platform == "cuda" else []
   return (getattr(gpus[0], "core_count", None) if gpus else None) or DEFAULT_NUM_SMS
 

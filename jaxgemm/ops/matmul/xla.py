@@ -15,7 +15,7 @@ from jax import lax
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig
-from jaxgemm.registry import GemmProblem
+from jaxgemm.ops.matmul.problem import GemmProblem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +25,11 @@ class XlaConfig(KernelConfig):
   backend = "xla"
 
 
-class XlaBackend(registry.Backend):
+class XlaMatmul(registry.Backend):
+  op = "matmul"
   name = "xla"
+  # Code that decides a tuned config's speed: a change to it stales the records.
+  kernel_modules = ("jaxgemm.ops.matmul.xla",)
   config_cls = XlaConfig
   variants = ("dot_general",)
 
@@ -56,4 +59,4 @@ class XlaBackend(registry.Backend):
     return xla_dot
 
 
-registry.register(XlaBackend())
+registry.register(XlaMatmul())

@@ -1,0 +1,1 @@
+"""One package per op (`matmul/`); `base.py` holds what every op shares."""
