@@ -165,7 +165,7 @@ class Timer:
 # of ten such calls span the steps. So timed, XLA's dot against itself read
 # 0.935x in the default run -23h and 0.97-1.01x in the probe; in 10 ms blocks
 # 1.000x +- 0.001 on five shapes, three reps each
-# (bench/results/probes/timing-2026-11-23i/probe_pairing.log).
+# (research/probes/timing-2026-11-23i/probe_pairing.log).
 PAIR_BLOCK_MS = 10.0
 
 
@@ -180,8 +180,8 @@ def time_paired(timer: Timer, kernel, reference, args, iters: int,
   one after the other, the one timed first is favoured: in the Pallas probes
   XLA's dot, timed again after a dozen kernels, read 0.4-2% slower on the
   8192-sized problems (8192x14336x4096: 826.2 then 810.5 TFLOP/s,
-  bench/results/probes/pallas-2026-11-23/probe_stream_k.log; 8192x4096x14336:
-  820.6 then 749.6, bench/results/probes/pallas-2026-11-23c/probe_pingpong.log).
+  research/probes/pallas-2026-11-23/probe_stream_k.log; 8192x4096x14336:
+  820.6 then 749.6, research/probes/pallas-2026-11-23c/probe_pingpong.log).
   A block holds about `block_ms` of the reference's time (one untimed call of
   it first sizes them), from one call up to iters / 2, so calls of a few
   milliseconds alternate every few calls (`PAIR_BLOCK_MS`).

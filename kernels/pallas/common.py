@@ -164,7 +164,7 @@ def _patch_interpreter() -> None:
 
 
 # jax 0.10 takes load's index as an argument; 0.11 deprecates it (DeprecationWarning
-# in the H200 GPU tier, bench/results/probes/h200-gpu-tests-2026-11-23b.log) and
+# in the H200 GPU tier, research/probes/h200-gpu-tests-2026-11-23b.log) and
 # takes the reference already indexed.
 _LOAD_IDX = inspect.signature(plgpu.load).parameters.get("idx")
 _LOAD_TAKES_INDEX = _LOAD_IDX is not None and _LOAD_IDX.default is inspect.Parameter.empty
@@ -223,9 +223,10 @@ def operand_swizzle(tm: int, tn: int, tk: int, dtype, trans_a: bool, trans_b: bo
   wgmma reads both operands with one swizzle and steps through K in groups of
   a swizzle span, so the swizzle must divide A's and B's stored minor
   dimensions and the K step. Each tile's own largest swizzle is not enough:
-  on the H200 a 32-deep K step next to 128-wide tiles failed to compile
-  ("WGMMA rhs swizzle must match lhs swizzle" for A @ B, "K must be a multiple
-  of 64, got: 32" for A^T @ B; bench/results/probes/pallas-2026-11-24/).
+  on the H200 (jax 0.11.2) a 32-deep K step next to 128-wide tiles failed to
+  compile, with a bare `AssertionError` for A @ B (jax 0.10.2 says "WGMMA rhs
+  swizzle must match lhs swizzle") and "K must be a multiple of 64, got: 32"
+  for A^T @ B (research/probes/pallas-2026-11-24/README.md).
   The tiles of the default and tuned configs (all >= 64 wide) get 128 bytes.
   """
   return min(swizzle_bytes(d, dtype) for d in (a_tile_shape(tm, tk, trans_a)[1],
@@ -384,7 +385,7 @@ def stores_exact(problem, out_dtype) -> bool:
   down by XLA: for an odd element count that slice is an unvectorized copy
   (4095x4093 bf16: 80 us against the kernel's own 174 us, while a
   (4096, 4093) slice of the same array takes 21 us;
-  bench/results/probes/pallas-2026-11-22-s3/probe_b.log). The persistent
+  research/probes/pallas-2026-11-22-s3/probe_b.log). The persistent
   rungs then store each tile straight from registers to C, their edge tiles
   in windows that end at C's edge (`warp_specialized.store_exact`).
   """

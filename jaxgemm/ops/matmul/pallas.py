@@ -171,7 +171,7 @@ class PallasMatmul(registry.Backend):
     256x128x64 in 4 stages for the two-consumer rungs, 128x128x64 in 6 for
     `pingpong` (a consumer's accumulator holds a whole tile; 5 stages measured
     within 1%, and walking M-minor, cluster_m=2 or grid_group=16 slower:
-    bench/results/probes/pallas-2026-11-23c/probe_pingpong.log), 128x128x64 in 4
+    research/probes/pallas-2026-11-23c/probe_pingpong.log), 128x128x64 in 4
     otherwise; skinny problems (M <= 128) get 64-wide N tiles with 128-deep K steps,
     which keeps more SMs busy (128x8192x8192: pipelined 1.09x XLA vs 0.88x
     with the large-problem tiles; warp_specialized 1.08x vs 0.98x with
@@ -198,10 +198,12 @@ class PallasMatmul(registry.Backend):
       if skinny:
         tile_n = 64
       tile_m = _pow2_at_least(m, 64, tile_m)
-    # Never below one 128-byte swizzle span of 16-bit elements (the operands are
-    # padded to it anyway): on the H200, tiny problems clamped to 16-wide N or
-    # 32-deep K tiles failed Mosaic GPU's layout inference (GPU test run of
-    # 2026-11-22: hessian/grad(grad)/vmap(grad)/MLP tests on 3x8x8 GEMMs).
+    # Never below one 128-byte swizzle span of 16-bit elements: the operands are
+    # padded to it anyway, so a narrower tile only adds tiles. (The clamp came
+    # from the GPU tier of 2026-11-22, where 16-wide N and 32-deep K tiles failed
+    # Mosaic GPU's layout inference; the cause was each operand taking its own
+    # swizzle, fixed by `common.operand_swizzle`, and such tiles now compile:
+    # research/probes/pallas-2026-11-24/README.md.)
     span = 128 // np.dtype(problem.dtype).itemsize
     tile_n = _pow2_at_least(n, span, tile_n)
     tile_k = _pow2_at_least(problem.k, span, tile_k)
@@ -222,7 +224,7 @@ class PallasMatmul(registry.Backend):
     Which walk keeps more of A and B in L2 depends on the shape (the snake
     runs along N by default), and which split pays too (H200: splitting only
     the last round won on 8192^3, two rounds on 8192x4096x28672:
-    bench/results/probes/pallas-2026-11-23f/probe_tail.log); the autotuner
+    research/probes/pallas-2026-11-23f/probe_tail.log); the autotuner
     measures them.
     """
     out = [(v, self.default_config(problem, v))

@@ -118,7 +118,7 @@ class TritonMatmul(registry.Backend):
       return "splitk"
     if problem.fp32_precision is not None:
       # 8192^3 TF32 on the H200: tensorcore 383 TFLOP/s, persistent 277
-      # (bench/results/probes/h200-triton-ladder-2026-11-22-run2).
+      # (research/probes/h200-triton-ladder-2026-11-22-run2).
       return "tensorcore"
     return "persistent"
 
@@ -141,7 +141,7 @@ class TritonMatmul(registry.Backend):
     elif variant == "pipelined":
       # Exact fp32 on the H200, 8192^3: 46.1 TFLOP/s with these tiles, 45.5 at
       # 128x64x32 (2 stages), 42.7 at 128x128x32 with 8 warps; nine configs in
-      # bench/results/probes/h200-triton-ladder-2026-11-22-run{2,3}.
+      # research/probes/h200-triton-ladder-2026-11-22-run{2,3}.
       tiles = dict(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3, group_m=8)
     elif variant == "splitk":
       tiles = dict(block_m=64, block_n=64, block_k=32 if wide else 64, num_warps=4,
@@ -153,7 +153,7 @@ class TritonMatmul(registry.Backend):
                     epilogue_subtile=2))
     else:  # tensor cores: the tile that ran 750 TFLOP/s natively (GPU_NOTES.md)
       # TF32 8192^3: 383 TFLOP/s at 128x256x32, 309 at 128x128x32
-      # (bench/results/probes/h200-triton-ladder-2026-11-22-run2).
+      # (research/probes/h200-triton-ladder-2026-11-22-run2).
       tiles = (dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=3, group_m=8)
                if wide else
                dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8))
@@ -238,7 +238,7 @@ def _tensor_core_layout(matmul, problem: GemmProblem, config: KernelConfig, plat
   * TF32 wgmma reads both operands K-major from shared memory. Triton meets an
     N-major B by passing it through registers: the 8192^3 fp32 product ran at
     83 TFLOP/s against XLA's 410, and the PTX had half the cp.async of the
-    K-major case (bench/results/probes/h200-triton-ladder-2026-11-22-run1). An
+    K-major case (research/probes/h200-triton-ladder-2026-11-22-run1). An
     fp32 operand that is not K-major is transposed first, one pass over it;
     then 383 TFLOP/s (run2).
   * Rows that do not start 16-byte aligned (K = 4097 in bf16, say) leave

@@ -15,7 +15,7 @@ What it adds over `pipelined`:
   pipelines, which this replaced, drain the producer at every tile: the ring
   took 4095x4097x4093 from 248.6 to 235.3 us (3.50x to 3.69x XLA) and the
   aligned shapes 0-0.5% further (H200, jax 0.11.2, CUPTI median of 20, XLA's
-  dot in the same process: bench/results/probes/pallas-2026-11-23b/probe_ring.log).
+  dot in the same process: research/probes/pallas-2026-11-23b/probe_ring.log).
 * Persistence: a grid of one CTA per SM, each looping over its share of the
   tiles of every batch, so launch cost and the SMEM setup are paid once and the next tile's
   loads start while the last one's epilogue runs.
@@ -30,7 +30,7 @@ What it adds over `pipelined`:
   4095x4097x4093 that took the problem from 301.1 us (2.88x XLA: the kernel
   plus an 80 us unvectorized slice) to 245.6 us (3.54x), and 8191x8193x8191
   from 3.65x to 4.15x (H200, jax 0.11.2, CUPTI median of 20, XLA's dot in the
-  same process: bench/results/probes/pallas-2026-11-23/probe_exact.log).
+  same process: research/probes/pallas-2026-11-23/probe_exact.log).
 
 The kernel body also takes a cluster shape, which rung 4 (`clusters`) uses,
 a `StreamK` split of the last tiles, which rung 5 (`stream_k`) uses, and the
@@ -39,7 +39,7 @@ ping-pong schedule (consumers on alternate whole tiles), which rung 6
 
 Measured before the exact stores (H200, jax 0.11.2, default configs, CUPTI
 median of 20, bf16, `bench/pallas_probe.py all` run 3:
-bench/results/probes/h200-pallas-ladder-2026-11-22-probe3.log; XLA's dot in
+research/probes/h200-pallas-ladder-2026-11-22-probe3.log; XLA's dot in
 the same process): 8192^3 797.0 TFLOP/s (0.98x XLA), 4096^3 786.0 (0.98x),
 4095x4097x4093 456.8 (2.89x), 8192x4096x14336 777.3 (0.95x), 8192x14336x4096
 807.5 (0.99x), A^T B 4096^3 789.5 (1.00x), A B^T 4096^3 774.7 (0.97x),
@@ -96,12 +96,12 @@ class StreamK:
 # per worker; below this share of a round saved it is not worth it.
 MIN_STREAM_K_SAVING = 0.1
 # ...nor on short tiles: with 16 K steps (8192x1024x8192) both splits ran 2-3%
-# slower than `clusters` (bench/results/probes/pallas-2026-11-23f/probe_tail.log).
+# slower than `clusters` (research/probes/pallas-2026-11-23f/probe_tail.log).
 MIN_STREAM_K_STEPS = 64
 # The split tiles run slower than whole ones: workers at different K offsets
 # stop sharing operand tiles in L2. On the H200 the split paid only where its
 # tiles were a small share of the run and lost where they were not. Over two
-# rounds (bench/results/probes/pallas-2026-11-23/probe_stream_k.log and
+# rounds (research/probes/pallas-2026-11-23/probe_stream_k.log and
 # probe_chain.log): 8192x4096x14336, 76 of 1792 tiles, 1.5% faster than
 # `clusters`; 8192^3, 100 of 1024, even; 8192x14336x4096, 116 of 512, 8% slower;
 # 4096^3, 124 of 256, 6% slower. The last round only (probe_tail.log, two reps
@@ -173,7 +173,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
     # second CTA has no tile. It recomputes its partner's tile and stores
     # nothing: on the H200, a CTA whose B box lay wholly past the array
     # (trans_b, N <= tile_n) corrupted its partner's result (relative error
-    # ~1 on 33x40x24; bench/results/probes/pallas-2026-11-22-s3/probe_b.log).
+    # ~1 on 33x40x24; research/probes/pallas-2026-11-22-s3/probe_b.log).
     owns_tile = (mi < m_tiles) & (ni < n_tiles)
     return bi, jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1), owns_tile
 
