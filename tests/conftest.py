@@ -1,8 +1,10 @@
 """The shared test base: one mechanism parametrizes every test over every kernel.
 
-A test that takes a `kernel` argument runs once per (backend, variant) pair of
-`jaxgemm.backends()` x `jaxgemm.variants(backend)` (ids like `xla-dot_general`),
-so each kernel that registers itself is covered by the whole base at once.
+A test that takes a `kernel` argument runs once per (op, backend, variant) of
+the op its module names, `pytestmark = pytest.mark.op("matmul")`, times
+`jaxgemm.backends(op)` x `jaxgemm.variants(backend, op)` (ids like
+`matmul-xla-dot_general`), so each kernel that registers itself is covered by
+the whole base at once.
 
     @pytest.mark.cases(COMMON, xla=WIDE)
     def test_x(kernel, case): ...
@@ -36,6 +38,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import jaxgemm  # noqa: E402
+from jaxgemm import registry  # noqa: E402
 from gemm_testing import Kernel, all_kernels  # noqa: E402
 
 # A test that runs longer than this (an interpreted kernel that deadlocks)
@@ -60,6 +63,7 @@ def has_gpu() -> bool:
 
 
 def pytest_configure(config):
+  config.addinivalue_line("markers", "op(name): the op whose kernels `kernel` runs over")
   config.addinivalue_line(
       "markers", "cases(common, xla=()): test cases for every kernel, plus xla-only ones")
   config.addinivalue_line("markers", "kernel_backends: only the non-xla backends' kernels")
@@ -69,8 +73,9 @@ def pytest_configure(config):
 def pytest_report_header(config):
   lines = [f"jaxgemm test seed: JAXGEMM_TEST_SEED={SESSION_SEED}",
            f"jax {jax.__version__}, devices: {jax.devices()}"]
-  for b in jaxgemm.backends():
-    lines.append(f"jaxgemm backend {b!r}: variants {list(jaxgemm.variants(b))}")
+  for op in registry.ops():
+    for b in jaxgemm.backends(op):
+      lines.append(f"jaxgemm {op} backend {b!r}: variants {list(jaxgemm.variants(b, op))}")
   return lines
 
 
@@ -83,7 +88,11 @@ def _as_param(case):
 def pytest_generate_tests(metafunc):
   if "kernel" not in metafunc.fixturenames:
     return
-  kernels = all_kernels()
+  op_marker = metafunc.definition.get_closest_marker("op")
+  if op_marker is None:
+    raise pytest.UsageError(f"{metafunc.definition.nodeid} takes `kernel`: name its op with "
+                            f"pytestmark = pytest.mark.op(name), one of {registry.ops()}")
+  kernels = all_kernels(op_marker.args[0])
   if metafunc.definition.get_closest_marker("kernel_backends") is not None:
     kernels = [k for k in kernels if not k.is_xla]
   # Heavy chains of GEMMs (a 20-step training run is ~100 kernel launches) are

@@ -1,9 +1,10 @@
 """Shared helpers of jaxgemm's test base: kernels, inputs, references, tolerances.
 
 Every shared test takes a `kernel` argument (a :class:`Kernel`, one registered
-(backend, variant) pair); `tests/conftest.py` parametrizes it over
-`jaxgemm.backends()` x `jaxgemm.variants(backend)`, so a kernel is covered by
-the whole base the moment its backend registers itself.
+(op, backend, variant)); `tests/conftest.py` parametrizes it over the op its
+module names (`pytestmark = pytest.mark.op("matmul")`) x `jaxgemm.backends(op)`
+x `jaxgemm.variants(backend, op)`, so a kernel is covered by the whole base the
+moment its backend registers itself.
 
 Tolerances live in ONE place, :data:`TOLERANCES`, and are chosen per case by
 :func:`tolerance` from the operand dtype, the output dtype and the precision.
@@ -26,11 +27,14 @@ import jaxgemm
 
 
 class Kernel(NamedTuple):
+  """One registered kernel: an op's backend and one of its variants."""
+
+  op: str
   backend: str
   variant: str
 
   def __str__(self):
-    return f"{self.backend}-{self.variant}"
+    return f"{self.op}-{self.backend}-{self.variant}"
 
   @property
   def kw(self) -> dict:
@@ -42,8 +46,9 @@ class Kernel(NamedTuple):
     return self.backend == "xla"
 
 
-def all_kernels() -> list[Kernel]:
-  return [Kernel(b, v) for b in jaxgemm.backends() for v in jaxgemm.variants(b)]
+def all_kernels(op: str) -> list[Kernel]:
+  """Every usable (backend, variant) registered for `op`, in registration order."""
+  return [Kernel(op, b, v) for b in jaxgemm.backends(op) for v in jaxgemm.variants(b, op)]
 
 
 # -------------------------------------------------------------- tolerances

@@ -19,6 +19,8 @@ from gemm_testing import (assert_gemm_close, dot_general_reference, matmul_refer
                           primitive_names, random_array, skip_unless_supported, tolerance,
                           best_setting, iter_eqns)
 
+pytestmark = pytest.mark.op("matmul")
+
 F32, F16, BF16, F64 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(jnp.bfloat16), np.dtype(np.float64)
 HIGHEST, DEFAULT = lax.Precision.HIGHEST, None
 

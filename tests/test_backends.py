@@ -15,6 +15,8 @@ import jaxgemm
 from jaxgemm import registry
 from gemm_testing import as_f64, assert_gemm_close, best_setting, random_array, tolerance
 
+pytestmark = pytest.mark.op("matmul")
+
 
 def test_backends_in_preference_order():
   names = jaxgemm.backends()

@@ -21,6 +21,8 @@ from jaxgemm import config as cfg
 from jaxgemm import registry
 from gemm_testing import all_kernels, best_setting
 
+pytestmark = pytest.mark.op("matmul")
+
 F32 = jnp.float32
 
 
@@ -208,6 +210,7 @@ def test_unavailable_backend(monkeypatch):
   """A backend that cannot run here is left out of backends() and named with its reason."""
 
   class Gone(registry.Backend):
+    op = "matmul"
     name = "gone"
     config_cls = jaxgemm.XlaConfig
     variants = ("only",)
@@ -224,7 +227,7 @@ def test_unavailable_backend(monkeypatch):
     def impl(self, problem, variant, config, platform):
       raise AssertionError("never lowered")
 
-  monkeypatch.setitem(registry._BACKENDS, "gone", Gone())
+  monkeypatch.setitem(registry._BACKENDS["matmul"], "gone", Gone())
   assert "gone" not in jaxgemm.backends()
   _raises_everywhere(ValueError, lambda a, b: jaxgemm.matmul(a, b, backend="gone"),
                      _sds((8, 8)), _sds((8, 8)), match=["gone package is not installed", "xla"])
@@ -383,6 +386,6 @@ def test_matmul_p_abstract_eval_checks():
 
 def test_kernels_listed():
   """The test base sees every registered backend's variants (the parametrization source)."""
-  kernels = all_kernels()
-  assert ("xla", "dot_general") in kernels
+  kernels = all_kernels("matmul")
+  assert ("matmul", "xla", "dot_general") in kernels
   assert {k.backend for k in kernels} == set(jaxgemm.backends())

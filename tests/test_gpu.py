@@ -19,7 +19,7 @@ import jaxgemm
 from gemm_testing import (as_f64, assert_gemm_close, kernel_supports, random_array,
                           tolerance, dot_general_reference)
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.op("matmul")]
 
 F32, BF16, F16 = np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16)
 HIGHEST = lax.Precision.HIGHEST

@@ -21,6 +21,8 @@ import jaxgemm
 from gemm_testing import (as_f64, assert_gemm_close, best_setting, iter_eqns,
                           primitive_names, random_array, tolerance)
 
+pytestmark = pytest.mark.op("matmul")
+
 M, K, N = 33, 40, 24     # M ragged; K and N multiples of 8 (aligned rows), no tile size
 
 NN = (((1,), (0,)), ((), ()))
