@@ -110,8 +110,7 @@ class PallasMatmul(registry.Backend):
   op = "matmul"
   name = "pallas"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul",
-                    "jaxgemm.ops.matmul.pallas")
+  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul")
   config_cls = PallasConfig
   variants = VARIANTS
 

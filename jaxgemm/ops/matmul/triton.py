@@ -15,6 +15,7 @@ import numpy as np
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
+from jaxgemm.kernels.triton.matmul import layout
 from jaxgemm.ops.matmul.problem import GemmProblem
 
 # Hopper's opt-in shared memory per block (227 KB), what a config may fill.
@@ -73,19 +74,6 @@ def _pow2_at_least(x: int, lo: int, hi: int) -> int:
   return p
 
 
-def _misaligned_rows(problem: GemmProblem) -> str | None:
-  """Why some operand rows are not 16-byte aligned (None if all are): TMA needs them, vector loads want them."""
-  itemsize = np.dtype(problem.dtype).itemsize
-  rows = {"a": problem.m if problem.trans_a else problem.k,
-          "b": problem.k if problem.trans_b else problem.n}
-  for name, length in rows.items():
-    if length * itemsize % 16:
-      return f"{name}'s rows are {length} x {itemsize} B"
-  if problem.n * np.dtype(problem.out_dtype).itemsize % 16:
-    return f"c's rows are {problem.n} x {np.dtype(problem.out_dtype).itemsize} B"
-  return None
-
-
 def _clamped(problem: GemmProblem, variant: str, tiles: dict) -> dict:
   """`tiles` with no block larger than the next power of two over the problem."""
   min_mn = 16 if _RUNGS[variant].cuda_cores else 64 if problem.m >= 64 else 16
@@ -100,7 +88,7 @@ class TritonMatmul(registry.Backend):
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
   kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.matmul",
-                    "jaxgemm.ops.matmul.triton", "jaxgemm.triton_call")
+                    "jaxgemm.triton_call")
   config_cls = TritonConfig
   variants = tuple(_RUNGS)
 
@@ -202,7 +190,7 @@ class TritonMatmul(registry.Backend):
       raise ValueError(f"{what}: tl.dot needs block_k >= 16, got {config.block_k=}")
     if config.tma and variant != "persistent":
       raise ValueError(f"{what} has no TMA path; config.tma=True needs variant='persistent'")
-    if config.tma and (why := _misaligned_rows(problem)):
+    if config.tma and (why := layout.misaligned_rows(problem)):
       raise NotImplementedError(f"{what} loads with TMA, which needs 16-byte aligned rows: "
                                 f"{why}; config.tma=False takes any shape")
     if config.epilogue_subtile > 1 and config.block_n % (8 * config.epilogue_subtile):
@@ -229,49 +217,7 @@ class TritonMatmul(registry.Backend):
     kernel = importlib.import_module(f"jaxgemm.kernels.triton.matmul.{_RUNGS[variant].module}")
     if _RUNGS[variant].cuda_cores:
       return lambda a, b: kernel.matmul(a, b, problem, config, platform)
-    return _tensor_core_layout(kernel.matmul, problem, config, platform)
-
-
-def _tensor_core_layout(matmul, problem: GemmProblem, config: KernelConfig, platform: str):
-  """Runs a tensor-core rung on operands laid out the way wgmma wants them.
-
-  * TF32 wgmma reads both operands K-major from shared memory. Triton meets an
-    N-major B by passing it through registers: the 8192^3 fp32 product ran at
-    83 TFLOP/s against XLA's 410, and the PTX had half the cp.async of the
-    K-major case (research/probes/h200-triton-ladder-2026-11-22-run1). An
-    fp32 operand that is not K-major is transposed first, one pass over it;
-    then 383 TFLOP/s (run2).
-  * Rows that do not start 16-byte aligned (K = 4097 in bf16, say) leave
-    Triton scalar loads and no cp.async (PTX of 4095x4097x4093: 96 ld.global,
-    0 cp.async; aligned: 36 cp.async). The contiguous dimensions are zero-padded
-    to 16 bytes: the zeros add nothing to the products, and the kernel stores
-    C at its real (M, N) so nothing is sliced afterwards.
-  """
-  a_transpose = problem.fp32_precision is not None and problem.trans_a
-  b_transpose = problem.fp32_precision is not None and not problem.trans_b
-  laid_out = dataclasses.replace(problem, trans_a=problem.trans_a and not a_transpose,
-                                 trans_b=problem.trans_b or b_transpose)
-  if _misaligned_rows(laid_out):
-    align = 16 // np.dtype(problem.dtype).itemsize
-    up = lambda x: -(-x // align) * align
-    laid_out = dataclasses.replace(laid_out, m=up(problem.m) if laid_out.trans_a else problem.m,
-                                   n=up(problem.n) if not laid_out.trans_b else problem.n,
-                                   k=up(problem.k))
-  if laid_out == problem:
-    return lambda a, b: matmul(a, b, problem, config, platform)
-
-  def pad(x, shape):
-    return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
-
-  def laid_out_matmul(a, b):
-    if a_transpose:
-      a = jnp.swapaxes(a, 1, 2)
-    if b_transpose:
-      b = jnp.swapaxes(b, 1, 2)
-    return matmul(pad(a, laid_out.a_shape), pad(b, laid_out.b_shape), laid_out, config,
-                  platform, out_mn=(problem.m, problem.n))
-
-  return laid_out_matmul
+    return layout.tensor_core_layout(kernel.matmul, problem, config, platform)
 
 
 registry.register(TritonMatmul())

@@ -7,6 +7,8 @@
     persistent.py   one program per SM walking tiles, TMA descriptors, split epilogue
     splitk.py       tiled over K slices for small M*N, deterministic reduction
 
+    layout.py       how the tensor-core rungs get K-major, 16-byte-aligned operands
+
 All take canonical operands a: (B, M, K) or (B, K, M) with TRANS_A, b: (B, K,
 N) or (B, N, K) with TRANS_B, and every integer as a constexpr (see
 jaxgemm/triton_call.py for why).
