@@ -1,0 +1,18 @@
+"""The README's quick start runs as written (on the CPU: the kernels in their interpreters)."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def _python_blocks(text: str) -> list[str]:
+  return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_quick_start_runs_as_written(capsys):
+  blocks = _python_blocks(README.read_text())
+  assert blocks, "README.md has no ```python block"
+  exec(compile(blocks[0], "README.md (quick start)", "exec"), {})  # noqa: S102
+  out = capsys.readouterr().out
+  assert "'xla'" in out and "'basic'" in out
