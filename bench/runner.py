@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -524,6 +525,19 @@ class Watchdog:
     if self._timer is not None:
       self._timer.cancel()
     return False
+
+
+def setup_triton_cache():
+  """Triton needs a writable cache dir; some images set TRITON_CACHE_DIR=''."""
+  try:
+    import triton  # noqa: PLC0415
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and not knobs.cache.dir:
+      d = Path(__file__).resolve().parent.parent / ".triton-cache"
+      d.mkdir(exist_ok=True)
+      knobs.cache.dir = str(d)
+  except Exception:  # noqa: BLE001 (no triton, or an older one: nothing to do)
+    pass
 
 
 def measure_copy_bandwidth(timer: Timer, platform: str, iters: int) -> tuple[float, str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import time
 
 from . import problems as P
@@ -37,7 +36,7 @@ def training_problems(dtype_name: str, quick: bool = False):
   return jaxgemm.problems_in(loss, params, tokens, tokens, backward=True)
 
 
-def main(argv=None) -> int:
+def main(argv) -> int:
   ap = argparse.ArgumentParser(prog="python -m bench tune", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--suite", default="square,llm,training",
@@ -57,9 +56,8 @@ def main(argv=None) -> int:
 
   import jaxgemm  # noqa: PLC0415
 
-  from .__main__ import _setup_triton_cache  # noqa: PLC0415
-  from .runner import gemm_problem  # noqa: PLC0415
-  _setup_triton_cache()
+  from .runner import gemm_problem, setup_triton_cache  # noqa: PLC0415
+  setup_triton_cache()
   problems = []
   for suite in (s.strip() for s in args.suite.split(",") if s.strip()):
     if suite == P.TRAINING:
@@ -78,7 +76,3 @@ def main(argv=None) -> int:
   print(report.summary())
   print(f"tuning took {time.perf_counter() - t0:.1f} s")
   return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -3,7 +3,8 @@
 The problem tables (shapes that really are what their suite says), the
 correctness gate (a wrong kernel is a failure row, never a time), the CSV,
 report and plots from a small real CPU run and from a synthetic GPU-like CSV,
-jaxgemm's default (backend="auto") as a row of its own, and the CLI's --list.
+jaxgemm's default (backend="auto") as a row of its own, the generated blocks
+of README.md and docs/ladders.md, and the CLI's --list.
 Only the xla backend, the default (XLA's dot on a CPU) and fake kernels run
 here, so the file stays fast whatever backends are registered.
 """
@@ -29,9 +30,9 @@ from gemm_testing import DriftingTimer
 from jaxgemm import registry, timing, tuning_cache
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import problems as P
-from jaxgemm.bench import report as R
 from jaxgemm.bench import runner
 from jaxgemm.bench import training as T
+from jaxgemm.bench.report import csvio, generate, plots, tables, view
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_PROBLEMS = [p for probs in P.SUITES.values() for p in probs]
@@ -382,9 +383,9 @@ def cpu_run(tmp_path_factory):
 
 
 def test_cpu_run_writes_csv_with_provenance(cpu_run):
-  rows = R.read_csv(cpu_run / "results.csv")
+  rows = csvio.read_csv(cpu_run / "results.csv")
   with open(cpu_run / "results.csv", newline="") as f:
-    assert next(csv.reader(f)) == R.COLUMNS
+    assert next(csv.reader(f)) == csvio.COLUMNS
   kinds = {r["kind"] for r in rows}
   assert {"copy_bw", "gemm", "train_step", "train_loss"} <= kinds
   for r in rows:
@@ -441,7 +442,8 @@ def test_cpu_report_says_not_gpu_and_has_plots(cpu_run):
 
 
 def test_report_subcommand_regenerates_from_csv(cpu_run, tmp_path):
-  assert cli.main(["report", str(cpu_run / "results.csv"), "--out", str(tmp_path)]) == 0
+  assert cli.main(["report", str(cpu_run / "results.csv"), "--out", str(tmp_path),
+                   "--no-docs"]) == 0
   regenerated = (tmp_path / "REPORT.md").read_text()
   original = (cpu_run / "REPORT.md").read_text()
   section = slice(original.index("## Headline"), original.index("## Plots"))
@@ -452,9 +454,9 @@ def test_report_subcommand_regenerates_from_csv(cpu_run, tmp_path):
   # several CSVs merge into one run
   merged = tmp_path / "merged"
   assert cli.main(["report", str(cpu_run / "results.csv"), str(cpu_run / "results.csv"),
-                   "--out", str(merged)]) == 0
-  n = len(R.read_csv(cpu_run / "results.csv"))
-  assert len(R.read_csv(merged / "results.csv")) == 2 * n
+                   "--out", str(merged), "--no-docs"]) == 0
+  n = len(csvio.read_csv(cpu_run / "results.csv"))
+  assert len(csvio.read_csv(merged / "results.csv")) == 2 * n
 
 
 # ---------------------------------------------------------------- a synthetic GPU CSV
@@ -511,7 +513,7 @@ def _synthetic_gpu_csv(path):
     for i in range(5):
       rows.append({**prov, "suite": "training", "kind": "train_loss", "backend": b,
                    "variant": v, "status": "ok", "step": i, "loss": 9 - i})
-  w = R.CsvWriter(path)
+  w = csvio.CsvWriter(path)
   for r in rows:
     w(r)
   w.close()
@@ -520,10 +522,10 @@ def _synthetic_gpu_csv(path):
 def test_report_of_a_gpu_run(tmp_path):
   csv_path = tmp_path / "results.csv"
   _synthetic_gpu_csv(csv_path)
-  made = R.generate(csv_path)
+  made = generate(csv_path)
   report = made["report"].read_text()
   assert "NOT GPU TIMINGS" not in report
-  assert set(made["plots"]) == set(R.PLOTS)     # every plot has data here
+  assert set(made["plots"]) == set(plots.PLOTS)     # every plot has data here
   # headline: best own kernel per suite (pal's best is 1.2x, tri's 1.1x)
   head = report[report.index("## Headline"):report.index("## Kernel ladders")]
   assert "| square |" in head and "| llm |" in head and "| skinny |" in head
@@ -538,7 +540,7 @@ def test_report_of_a_gpu_run(tmp_path):
 def test_report_shows_the_default_apart_from_the_backends(tmp_path):
   csv_path = tmp_path / "results.csv"
   _synthetic_gpu_csv(csv_path)
-  report = R.generate(csv_path)["report"].read_text()
+  report = generate(csv_path)["report"].read_text()
   # headline: the default's own columns; `best` is among the backends only
   head = report[report.index("## Headline"):report.index("## Defaults")]
   assert "default (auto) vs XLA (geomean)" in head and "auto vs XLA" not in head
@@ -564,6 +566,55 @@ def test_report_shows_the_default_apart_from_the_backends(tmp_path):
   assert "auto vs XLA" not in report and "auto best" not in report
   suite = report[report.index("## Suite `llm`"):]
   assert "default (auto) (vs XLA), chose" in suite.splitlines()[2]
+
+
+def test_report_fills_readme_and_ladder_guide_between_their_markers(tmp_path):
+  """`python -m bench report CSV` puts the generated blocks between each document's
+  markers and leaves the prose around them; a file or backend without markers is
+  left alone, and a second run changes nothing."""
+  csv_path = tmp_path / "run" / "results.csv"
+  _synthetic_gpu_csv(csv_path)
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# Title\n\nprose before\n{tables.README_BEGIN}\nold tables\n"
+                    f"{tables.README_END}\nprose after\n")
+  tri_begin, tri_end = tables.ladder_markers("tri")
+  assert tri_begin == "<!-- ladder:tri:begin -->" and tri_end == "<!-- ladder:tri:end -->"
+  pal_begin, pal_end = tables.ladder_markers("pal")
+  guide = tmp_path / "ladders.md"
+  guide.write_text(f"# Ladders\n\nThe tri rungs:\n\n{tri_begin}\nstale\n{tri_end}\n\n"
+                   f"The pal rungs:\n{pal_begin}{pal_end}\nThe end.\n")
+  args = ["report", str(csv_path), "--readme", str(readme), "--ladders", str(guide)]
+  assert cli.main(args) == 0
+  text = readme.read_text()
+  assert text.startswith("# Title\n\nprose before\n") and text.endswith("\nprose after\n")
+  assert "old tables" not in text and "| square |" in text
+  assert text == (f"# Title\n\nprose before\n{tables.README_BEGIN}\n"
+                  f"{(csv_path.parent / 'README_TABLES.md').read_text().strip()}\n"
+                  f"{tables.README_END}\nprose after\n")
+  doc = guide.read_text()
+  assert doc.startswith("# Ladders\n\nThe tri rungs:\n\n") and doc.endswith("\nThe end.\n")
+  assert "stale" not in doc
+  tri = doc[doc.index(tri_begin):doc.index(tri_end)]
+  pal = doc[doc.index(pal_begin):doc.index(pal_end)]
+  # each rung on each ladder problem: TFLOP/s (speedup vs XLA), in ladder order, and XLA
+  assert tri.index("| naive | 350.0 (0.50x)") < tri.index("| tiled | fail") \
+      < tri.index("| best | 770.0 (1.10x)") < tri.index("| XLA dot | 700.0")
+  assert "| basic | 560.0 (0.80x)" in pal and "| best | 840.0 (1.20x)" in pal
+  assert "naive" not in pal and "basic" not in tri
+  assert "h200-test" in tri and "NVIDIA H200" in tri and "NOT GPU" not in tri
+  n_ladder = sum(1 for p in [*P.SUITES["square"], *P.SUITES["llm"][:6], *P.SUITES["skinny"][:3]]
+                 if p.ladder and (p.suite != "square" or p.default))
+  assert tri.splitlines()[-4].count("|") == n_ladder + 2     # a column per ladder problem
+  assert cli.main(args) == 0                                 # idempotent
+  assert guide.read_text() == doc and readme.read_text() == text
+  # no markers, or no file: left alone, silently
+  plain = tmp_path / "plain.md"
+  plain.write_text("no markers here\n")
+  missing = tmp_path / "docs" / "ladders.md"
+  assert cli.main(["report", str(csv_path), "--readme", str(plain), "--ladders",
+                   str(missing)]) == 0
+  assert plain.read_text() == "no markers here\n" and not missing.exists()
+  assert not tables.replace_block(missing, tri_begin, tri_end, "x")
 
 
 # ---------------------------------------------------------------- the CLI
@@ -594,15 +645,16 @@ def test_targets_table_reads_each_target_off_the_run():
     return {"kind": "gemm", "suite": "square", "problem": "sq8192", "dtype": "bf16",
             "m": 8192, "k": 8192, "n": 8192, "backend": backend, "variant": variant,
             "status": status, "speedup_vs_xla": s, "tflops": 800 * s}
-  run = R.Run([row(runner.REF, runner.REF_VARIANT, ""), row("triton", "persistent", 0.98),
+  run = view.Run([row(runner.REF, runner.REF_VARIANT, ""), row("triton", "persistent", 0.98),
                row("triton", "tensorcore", 0.91), row("pallas", "clusters", 0.99),
                row("pallas", "pipelined", 1.5, status="fail")])
-  table = "\n".join(R.targets_table(run))
+  table = "\n".join(tables.targets_table(run))
   assert "| sq8192 (8192x8192x8192, bf16) | triton | >= 0.92x | persistent" in table
   triton, pallas = [line for line in table.splitlines() if "sq8192" in line and "bf16" in line]
   assert triton.endswith("| met |") and "(0.98x)" in triton
   # A failed (wrong) kernel never counts toward a target, however fast.
   assert pallas.endswith("| **missed** |") and "clusters" in pallas and "(0.99x)" in pallas
   assert "sq4096" not in table      # not in the run: no row
-  only_xla = R.Run([row(runner.REF, runner.REF_VARIANT, "")])
-  assert "not measured" in "\n".join(R.targets_table(only_xla))
+  only_xla = view.Run([row(runner.REF, runner.REF_VARIANT, "")])
+  assert "not measured" in "\n".join(tables.targets_table(only_xla))
+

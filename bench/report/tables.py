@@ -1,0 +1,560 @@
+"""The Markdown a run's CSV makes: tables, REPORT.md, the README's tables, the ladder guide.
+
+Generated blocks go into hand-written documents between markers (one
+mechanism, `replace_block`): README.md's `<!-- bench:begin ... -->` block and
+docs/ladders.md's `<!-- ladder:<backend>:begin -->` blocks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .csvio import PROVENANCE, num
+from .plots import PLOTS
+from .view import AUTO, REF, Run, geomean
+
+# Issue 6's target for the default: geomean over these suites at least
+# DEFAULT_TARGET x XLA, no problem below DEFAULT_FLOOR x, and a training step no
+# slower than XLA's.
+TARGET_SUITES = ("square", "llm")
+DEFAULT_TARGET = 1.00
+DEFAULT_FLOOR = 0.97
+
+NOT_GPU_BANNER = ("**NOT GPU TIMINGS: no GPU was found.** These numbers come from XLA:CPU "
+                  "and the kernels' CPU interpreters on tiny problems; they check that the "
+                  "benchmark and the kernels run and agree with XLA, and say nothing about "
+                  "GPU performance.")
+
+
+def _cell_t(r: dict | None, with_speedup=True) -> str:
+  if r is None:
+    return "-"
+  if r["status"] != "ok":
+    return r["status"]
+  t = num(r["tflops"])
+  s = num(r["speedup_vs_xla"])
+  if with_speedup and s is not None:
+    return f"{_fmt_t(t)} ({_fmt_x(s)})"
+  return _fmt_t(t)
+
+
+def _fmt_t(x):
+  """TFLOP/s: one decimal, or 3 significant digits below 1 (CPU runs)."""
+  return "-" if x is None else (f"{x:.1f}" if x >= 1 else f"{x:.3g}")
+
+
+def _fmt_x(s):
+  return "-" if s is None else (f"{s:.2f}x" if s >= 0.1 else f"{s:.2g}x")
+
+
+def _table(header, rows) -> list[str]:
+  out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+  out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return out
+
+
+def headline_table(run: Run) -> list[str]:
+  """Best jaxgemm kernel (own backends) and jaxgemm's default against XLA, per suite."""
+  own = run.own_backends
+  rows = []
+  for suite in run.suites:
+    probs = run.problems(suite)
+    speedups, wins, losses, bad, best_txt, worst_txt = [], 0, 0, 0, None, None
+    best_s, worst_s = -1, 1e99
+    for p in probs:
+      ks = run.kernel_rows(suite, p["problem"])
+      bad += sum(1 for r in ks if r["status"] in ("fail", "error"))
+      b = run.best(suite, p["problem"], own)
+      if b is None:
+        continue
+      s = num(b["speedup_vs_xla"])
+      speedups.append(s)
+      wins += s > 1
+      losses += s < 1
+      label = f"{p['problem']} {_fmt_x(s)} ({b['backend']}/{b['variant']})"
+      if s > best_s:
+        best_s, best_txt = s, label
+      if s < worst_s:
+        worst_s, worst_txt = s, label
+    xla = [num(p["tflops"]) for p in probs if p["status"] == "ok"]
+    g = geomean(speedups)
+    row = [suite, len(probs), _fmt_t(geomean(xla)), _fmt_x(g), f"{wins}/{len(speedups)}",
+           losses, bad, best_txt or "-", worst_txt or "-"]
+    if run.has_auto:
+      d = _auto_stats(run, [suite])
+      row += [_fmt_x(d["geomean"]), f"{_fmt_x(d['min'])} ({d['min_problem']})" if d["n"] else "-",
+              f"{d['below']}/{d['n']}" if d["n"] else "-"]
+    rows.append(row)
+  header = ["suite", "problems", "XLA TFLOP/s (geomean)", "best jaxgemm vs XLA (geomean)",
+            "jaxgemm faster", "slower", "failed/errored kernel runs", "best", "worst"]
+  if run.has_auto:
+    header += ["default (auto) vs XLA (geomean)", "default min",
+               f"default below {DEFAULT_FLOOR:.2f}x"]
+  return _table(header, rows)
+
+
+def _auto_stats(run: Run, suites) -> dict:
+  """The default's (backend='auto') speedups over XLA on the problems of `suites`."""
+  speedups, below, bad, lo, lo_problem = [], 0, 0, None, ""
+  for suite in suites:
+    for p in run.problems(suite):
+      a = run.auto(suite, p["problem"])
+      if a is None:
+        continue
+      bad += a["status"] in ("fail", "error")
+      s = num(a["speedup_vs_xla"]) if a["status"] == "ok" else None
+      if not s:
+        continue
+      speedups.append(s)
+      below += s < DEFAULT_FLOOR
+      if lo is None or s < lo:
+        lo, lo_problem = s, p["problem"]
+  return {"geomean": geomean(speedups), "min": lo, "min_problem": lo_problem,
+          "below": below, "n": len(speedups), "bad": bad}
+
+
+def _base_suite(suite: str) -> str:
+  """'square' of 'square (fp32)' (a merged run's label for its other dtypes)."""
+  return suite.split(" (", 1)[0]
+
+
+def _default_suites(run: Run) -> tuple[list[str], bool]:
+  """(suites the defaults section covers, whether they are the target's).
+
+  The target's suites (square, llm) where the run has them, else every suite
+  the default ran on (a CPU run's tiny suite), so that a run always shows them.
+  """
+  target = [s for s in run.suites if _base_suite(s) in TARGET_SUITES]
+  if target:
+    return target, True
+  return [s for s in run.suites if any(r["backend"] == AUTO for r in run.gemm
+                                       if r["suite"] == s)], False
+
+
+def _met(ok: bool) -> str:
+  return "target met" if ok else "target NOT met"
+
+
+def defaults_summary(run: Run) -> list[str]:
+  """jaxgemm's default (backend='auto') against XLA: the GEMM and training numbers."""
+  steps = [r for r in run.rows if r["kind"] == "train_step" and r["backend"] == AUTO]
+  if not steps and not run.has_auto:
+    return []
+  suites, is_target = _default_suites(run)
+  out = []
+  by_dtype = defaultdict(list)   # merged runs: one line per dtype, never a mixed geomean
+  for s in suites:
+    by_dtype[run.problems(s)[0]["dtype"] if run.problems(s) else ""].append(s)
+  for dtype, group in by_dtype.items():
+    d = _auto_stats(run, group)
+    label = f"{' + '.join(_base_suite(s) for s in group)} ({dtype})"
+    if not d["n"]:
+      out.append(f"- {label}: no measured backend='auto' rows.")
+      continue
+    text = (f"- {label}: geomean {_fmt_x(d['geomean'])} over {d['n']} problems, min "
+            f"{_fmt_x(d['min'])} ({d['min_problem']}), {d['below']} below "
+            f"{DEFAULT_FLOOR:.2f}x")
+    if d["bad"]:
+      text += f", {d['bad']} failed/errored"
+    if is_target:
+      text += ": " + _met(d["geomean"] >= DEFAULT_TARGET and d["min"] >= DEFAULT_FLOOR
+                          and not d["bad"])
+    out.append(text + ".")
+  for r in steps:
+    s = num(r.get("speedup_vs_xla"))
+    if r["status"] != "ok" or not s:
+      bad = r["status"] in ("fail", "error")   # a skipped step is unmeasured, not a miss
+      out.append(f"- training step ({r['problem']}): {r['status']}"
+                 + (f" ({r['note']})" if r.get("note") else "")
+                 + (f": {_met(False)}." if bad else "."))
+      continue
+    out.append(f"- training step ({r['problem']}): {num(r['time_ms_median']):.3f} ms against "
+               f"XLA's {num(r['xla_time_ms']):.3f} ms ({_fmt_x(s)}): {_met(s >= 1.0)}.")
+  return out
+
+
+def defaults_section(run: Run) -> list[str]:
+  """The '## Defaults' section: summary, then the default on each problem."""
+  summary = defaults_summary(run)
+  if not summary:
+    return ["No backend='auto' rows in this run (run with `--backends auto,...`)."]
+  suites, is_target = _default_suites(run)
+  out = ["`jaxgemm.matmul(a, b)` / `jaxgemm.dot_general(...)` as a user calls them, with no "
+         "backend, variant or config: on each problem the kernel `jaxgemm.dispatch` picks "
+         "(`chose`: a tuned kernel from the autotune cache or the shipped table, or XLA's dot "
+         f"as the fallback). Target: geomean >= {DEFAULT_TARGET:.2f}x over the "
+         f"{' and '.join(TARGET_SUITES)} suites, no problem below {DEFAULT_FLOOR:.2f}x, and a "
+         "training step no slower than XLA's.", "", *summary, ""]
+  if not is_target:
+    out += [f"This run has no {' or '.join(TARGET_SUITES)} problems; the table shows every "
+            "problem the default ran on.", ""]
+  rows = []
+  for suite in suites:
+    for p in run.problems(suite):
+      a = run.auto(suite, p["problem"])
+      if a is None:
+        continue
+      cell = _cell_t(a)
+      if a["status"] == "ok" and (num(a["speedup_vs_xla"]) or 0) < DEFAULT_FLOOR:
+        cell = f"**{cell}**"
+      rows.append([suite, p["problem"], _shape(p), p["layout"], _cell_t(p, False), cell,
+                   a.get("chosen") or "-"])
+  if rows:
+    out += _table(["suite", "problem", "MxKxN", "layout", "XLA TFLOP/s",
+                   f"default TFLOP/s (vs XLA; bold below {DEFAULT_FLOOR:.2f}x)", "chose"], rows)
+  return out
+
+
+# The kernel targets of the Triton and Pallas issues: (problem, dtype, backend,
+# best variant at least this x XLA). What a run did not measure shows as such.
+ISSUE_TARGETS = [
+    ("sq4096", "bf16", "triton", 0.92), ("sq4096", "bf16", "pallas", 0.97),
+    ("sq8192", "bf16", "triton", 0.92), ("sq8192", "bf16", "pallas", 1.00),
+    ("u4095x4097x4093", "bf16", "triton", 3.0), ("u4095x4097x4093", "bf16", "pallas", 3.0),
+    ("m16.k8192.n8192", "bf16", "triton", 0.9), ("m128.k8192.n8192", "bf16", "pallas", 0.9),
+    ("llama3-8b.up.t8192", "bf16", "pallas", 1.00),
+    ("llama3-8b.down.t8192", "bf16", "pallas", 1.00),
+    ("square4096.t4096.dgrad", "bf16", "triton", 0.9),
+    ("square4096.t4096.wgrad", "bf16", "triton", 0.9),
+    ("square4096.t4096.dgrad", "bf16", "pallas", 0.95),
+    ("square4096.t4096.wgrad", "bf16", "pallas", 0.95),
+    ("sq8192", "fp32", "triton", 0.9), ("sq8192", "fp32-highest", "triton", 0.9),
+]
+
+
+def targets_table(run: Run) -> list[str]:
+  """Each issue target against the best variant of its backend in this run."""
+  rows = []
+  for problem, dtype, backend, target in ISSUE_TARGETS:
+    rr = [r for r in run.gemm if r["problem"] == problem and r["dtype"] == dtype]
+    if not rr:
+      continue
+    label = f"{problem} ({rr[0].get('m')}x{rr[0].get('k')}x{rr[0].get('n')}, {dtype})"
+    ok = [r for r in rr if r["backend"] == backend and r["status"] == "ok"
+          and num(r["speedup_vs_xla"])]
+    if not ok:
+      rows.append([label, backend, f">= {target:g}x", "not measured", "-"])
+      continue
+    b = max(ok, key=lambda r: num(r["speedup_vs_xla"]))
+    s = num(b["speedup_vs_xla"])
+    rows.append([label, backend, f">= {target:g}x",
+                 f"{b['variant']} {_fmt_t(num(b['tflops']))} TFLOP/s ({_fmt_x(s)})",
+                 "met" if s >= target else "**missed**"])
+  if not rows:
+    return []
+  return _table(["problem (MxKxN)", "backend", "target vs XLA", "best variant", ""], rows)
+
+
+def backend_suite_table(run: Run) -> list[str]:
+  """Per backend (its best variant on each problem): geomean speedup per suite."""
+  bs = list(run.backend_variants)
+  rows = []
+  for suite in run.suites:
+    row = [suite]
+    for b in bs:
+      sp = [num(x["speedup_vs_xla"]) for p in run.problems(suite)
+            if (x := run.best(suite, p["problem"], [b])) is not None]
+      g = geomean(sp)
+      row.append(f"{_fmt_x(g)} ({len(sp)})" if g else "-")
+    rows.append(row)
+  return _table(["suite", *[f"{b} vs XLA" for b in bs]], rows)
+
+
+def _ladder_refs(run: Run) -> list[dict]:
+  """XLA's row of each ladder problem (where every variant ran), in run order."""
+  return [r for r in run.gemm if r["backend"] == REF and r.get("ladder") == "1"]
+
+
+def ladder_table(run: Run, backend: str) -> list[str]:
+  """One backend's rungs (ladder order) on the ladder problems: TFLOP/s (speedup vs XLA)."""
+  ladder = _ladder_refs(run)
+  if not ladder or backend not in run.backend_variants:
+    return []
+  several_dtypes = len({r["dtype"] for r in ladder}) > 1
+  header = ["variant", *[f"{r['problem']} ({r['m']}x{r['k']}x{r['n']}"
+                         f"{', ' + r['dtype'] if several_dtypes else ''})" for r in ladder]]
+  rows = []
+  for v in run.backend_variants[backend]:
+    row = [v]
+    for ref in ladder:
+      rr = [r for r in run.kernel_rows(ref["suite"], ref["problem"])
+            if r["backend"] == backend and r["variant"] == v]
+      row.append(_cell_t(rr[0]) if rr else "-")
+    rows.append(row)
+  rows.append(["XLA dot", *[_cell_t(r, False) for r in ladder]])
+  return _table(header, rows)
+
+
+def ladder_tables(run: Run) -> list[str]:
+  if not _ladder_refs(run):
+    return ["No ladder problems in this run."]
+  out = []
+  for b in run.backend_variants:
+    out += [f"#### Ladder: backend `{b}` (TFLOP/s, speedup vs XLA)", "", *ladder_table(run, b), ""]
+  return out
+
+
+def _shape(p: dict) -> str:
+  return f"{p['m']}x{p['k']}x{p['n']}" + (f" b{p['batch']}" if p["batch"] not in ("", "1") else "")
+
+
+def suite_table(run: Run, suite: str) -> list[str]:
+  bs = list(run.backend_variants)
+  bw = run.copy_bw()
+  rows = []
+  for p in run.problems(suite):
+    xla = _cell_t(p, False) if p["status"] == "ok" else p["status"]
+    row = [p["problem"], _shape(p), p["layout"], xla,
+           f"{num(p['pct_peak']):.0f}%" if num(p["pct_peak"]) else "-"]
+    if run.has_auto:
+      a = run.auto(suite, p["problem"])
+      row.append("-" if a is None else f"{_cell_t(a)} {a.get('chosen') or ''}".strip())
+    for b in bs:
+      best = run.best(suite, p["problem"], [b])
+      if best is None:
+        st = sorted({r["status"] for r in run.kernel_rows(suite, p["problem"]) if r["backend"] == b})
+        row.append("/".join(st) or "-")
+      else:
+        row.append(f"{_cell_t(best)} {best['variant']}")
+    mb = p.get("memory_bound") == "1" or suite == "skinny"
+    if mb and num(p["gbps"]):
+      pct = f" ({num(p['gbps']) / bw * 100:.0f}% of copy)" if bw else ""
+      row.append(f"XLA {num(p['gbps']):.0f} GB/s{pct}" + "".join(
+          f"; {b} {num(x['gbps']):.0f}" for b in bs
+          if (x := run.best(suite, p["problem"], [b])) is not None))
+    else:
+      row.append("")
+    rows.append(row)
+  header = ["problem", "MxKxN", "layout", "XLA TFLOP/s", "XLA % peak",
+            *(["default (auto) (vs XLA), chose"] if run.has_auto else []),
+            *[f"{b} best (vs XLA) variant" for b in bs], "memory bound: GB/s"]
+  return _table(header, rows)
+
+
+def training_table(run: Run) -> list[str]:
+  steps = [r for r in run.rows if r["kind"] == "train_step"]
+  if not steps:
+    return []
+  rows = []
+  for r in steps:
+    who = "XLA dot" if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
+    t = num(r["time_ms_median"])
+    w = num(r.get("step_wall_ms"))
+    rows.append([who, r["status"], f"{t:.3f}" if t else "-", f"{w:.3f}" if w else "-",
+                 f"{num(r['tokens_per_s']):,.0f}" if num(r["tokens_per_s"]) else "-",
+                 _fmt_x(num(r["speedup_vs_xla"])),
+                 f"{num(r['loss_first']):.4f} -> {num(r['loss_last']):.4f}" if num(r["loss_first"]) else "-",
+                 f"{num(r['loss_max_rel_diff']):.2e}" if num(r["loss_max_rel_diff"]) is not None else "-",
+                 f"{num(r['grad_rel_err']):.2e}" if num(r["grad_rel_err"]) is not None else "-",
+                 {"1": "yes", "0": "NO"}.get(r.get("agree", ""), "-")])
+  head = steps[0]
+  return [f"Model: {head['problem_note']} ({head['problem']}).", "",
+          *_table(["GEMMs", "status", "step ms (median, run timer)", "step ms (wall, training loop)",
+                   "tokens/s", "vs XLA",
+                   "loss first -> last", "max loss rel diff vs XLA", "step-0 grad rel err",
+                   "agree"], rows)]
+
+
+def problem_list(run: Run) -> list[str]:
+  bad = [r for r in run.rows if r["status"] in ("fail", "error", "skipped")
+         and r["kind"] in ("gemm", "train_step")]
+  unsup = defaultdict(int)
+  for r in run.rows:
+    if r["status"] == "unsupported":
+      unsup[(r["backend"], r["variant"], r["note"][:160])] += 1
+  out = []
+  if bad:
+    out += _table(["suite", "problem", "backend/variant", "status", "note"],
+                  [[r["suite"], r["problem"], f"{r['backend']}/{r['variant']}", r["status"],
+                    r["note"].replace("|", "/")] for r in bad])
+  if unsup:
+    out += ["", "Unsupported (NotImplementedError; reported, not failures):", ""]
+    out += _table(["backend/variant", "problems", "reason"],
+                  [[f"{b}/{v}", n, note.replace("|", "/")] for (b, v, note), n in unsup.items()])
+  return out or ["None."]
+
+
+
+# ---------------------------------------------------------------- documents
+
+def _values(run: Run, key: str) -> str:
+  """A provenance field's distinct values over the rows (several for merged CSVs)."""
+  vals = []
+  for r in run.rows:
+    v = r.get(key, "")
+    if v and v not in vals:
+      vals.append(v)
+  return ", ".join(vals)
+
+
+def _method(run: Run) -> list[str]:
+  f = run.first
+  bw = run.copy_bw()
+  iters = sorted({r["iters"] for r in run.gemm if r["iters"]})
+  timers = sorted({r["timer"] for r in run.rows if r["timer"]})
+  return [
+      f"- Timer: {', '.join(timers)}. "
+      + ("CUPTI kernel time summed over the kernels of a call (no launch gaps or host overhead). "
+         if any(t == "cupti" for t in timers) else
+         "Wall clock around `block_until_ready` (includes dispatch overhead). ")
+      + f"Warm-up excluded; median and p10/p90 of {', '.join(iters) or '?'} timed calls per row; "
+        "compile time (`compile_s`) and first-run time (`first_run_s`, holds any autotuning) "
+        "are separate columns.",
+      f"- Inputs: {f.get('input_dist', '?')} (seed {f.get('seed', '?')}). Problems smaller "
+      "than about twice the L2 rotate among several independent input sets (`rotate`, "
+      "`working_set_mb` columns); one call's time is the set's total over `rotate`.",
+      "- Correctness gate: every kernel's output is compared with XLA's on the same inputs "
+      "before it is timed (relative Frobenius error against a per-dtype tolerance: bf16 1e-2, "
+      "fp16 5e-3, fp32/TF32 5e-3, fp32-highest 1e-4); a wrong result is a `fail` row with no time.",
+      "- Speedup = XLA's median time / the kernel's median time (>1: the kernel is faster). "
+      "% peak against the datasheet dense peak (bf16/fp16 989, TF32 495, fp32 67 TFLOP/s) "
+      "on H100/H200; GB/s counts each operand read once and the output written once"
+      + (f", against a measured copy bandwidth of {bw:.0f} GB/s." if bw else "."),
+  ]
+
+
+def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
+  f = run.first
+  lines = [f"# jaxgemm vs XLA's dot: run `{f.get('run_id', '?')}`", ""]
+  if not run.on_gpu:
+    lines += [f"> {NOT_GPU_BANNER}", ""]
+  lines += [f"Generated from `{csv_name}` by `python -m bench report {csv_name}`.", ""]
+  lines += ["## Provenance", ""]
+  lines += _table(["field", "value"], [[k, _values(run, k)] for k in
+                                       (*PROVENANCE, "dtype", "precision", "run_id")])
+  lines += ["", "## Method", "", *_method(run), ""]
+  lines += ["## Headline: best jaxgemm kernel, and jaxgemm's default, vs XLA, per suite", ""]
+  if run.own_backends == ["xla"]:
+    lines += ["Only the `xla` backend is registered: the 'best jaxgemm' column is XLA through "
+              "jaxgemm's primitive (a sanity check, expected near 1.00x).", ""]
+  lines += [*headline_table(run), "", "Per backend (its best variant per problem), geomean "
+            "speedup vs XLA (number of problems):", "", *backend_suite_table(run), ""]
+  lines += ["## Defaults (backend='auto') vs XLA", "", *defaults_section(run), ""]
+  targets = targets_table(run)
+  if targets:
+    lines += ["## Kernel targets of the Triton and Pallas issues", "", *targets, ""]
+  lines += ["## Kernel ladders", "", *ladder_tables(run), ""]
+  for suite in run.suites:
+    lines += [f"## Suite `{suite}`", "", *suite_table(run, suite), ""]
+  tt = training_table(run)
+  if tt:
+    lines += ["## Training step", "", *tt, ""]
+  lines += ["## Failures, errors, skips", "", *problem_list(run), ""]
+  lines += ["## Plots", ""]
+  for name, (caption, _) in PLOTS.items():
+    if name not in plots:
+      continue
+    lines += [f"### {caption}", "", f"![{caption}](plots/{name})", ""]
+  return "\n".join(lines)
+
+
+def _run_line(run: Run) -> str:
+  """Device, versions, dtypes, timer, commit and date of the run, in one line."""
+  f = run.first
+  dtypes = ", ".join(dict.fromkeys(r["dtype"] for r in run.gemm)) or f.get("dtype", "?")
+  return (f"{f.get('device', '?')}, jax {f.get('jax', '?')}, triton {f.get('triton', '?')}, "
+          f"{dtypes}, timer {f.get('timer', '?')}, commit "
+          f"`{f.get('git_commit', '?')[:10]}`, {f.get('date', '?')}.")
+
+
+def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
+  """The block the README shows: headline, defaults, ladders, training, plots (from the CSV)."""
+  lines = ["<!-- generated by `python -m bench report`; do not edit by hand -->", ""]
+  if not run.on_gpu:
+    lines += [f"> {NOT_GPU_BANNER}", ""]
+  lines += [_run_line(run), ""]
+  lines += [*headline_table(run), ""]
+  summary = defaults_summary(run)
+  if summary:
+    lines += ["#### Defaults (backend='auto') vs XLA", "", *summary, ""]
+  targets = targets_table(run)
+  if targets:
+    lines += ["#### Kernel targets of the Triton and Pallas issues", "", *targets, ""]
+  lines += ladder_tables(run)
+  tt = training_table(run)
+  if tt:
+    lines += ["#### Training step", "", *tt, ""]
+  for name, (caption, _) in PLOTS.items():
+    if name in plots:
+      lines += [f"![{caption}]({plots_rel}/{name})", ""]
+  return "\n".join(lines)
+
+
+def _measured_at(refs: list[dict], main_run: str) -> str:
+  """What each commit measured: 'bf16 at commit 546bc04; fp32 from run `x` at commit 5c66753'."""
+  groups: dict[str, tuple[list, list]] = {}
+  for r in refs:
+    dtypes, runs = groups.setdefault(r.get("git_commit", "")[:7] or "?", ([], []))
+    if r["dtype"] not in dtypes:
+      dtypes.append(r["dtype"])
+    if r.get("run_id", "") not in runs:
+      runs.append(r.get("run_id", ""))
+  parts = []
+  for commit, (dtypes, runs) in groups.items():
+    others = [x for x in runs if x != main_run]
+    text = ", ".join(dtypes)
+    if others:
+      text += f" from run{'s' if len(others) > 1 else ''} " + ", ".join(f"`{x}`" for x in others)
+    parts.append(f"{text} at commit {commit}")
+  return "; ".join(parts)
+
+
+def ladder_guide(run: Run, backend: str, source: str | None = None) -> str | None:
+  """The ladder guide's block for one backend (docs/ladders.md): where the numbers come
+  from, then `ladder_table`; None if the backend has no ladder rows. `source`: the CSV."""
+  table = ladder_table(run, backend)
+  if not table:
+    return None
+  f = run.first
+  main = f.get("run_id", "?")
+  lines = ["<!-- generated by `python -m bench report`; do not edit by hand -->", ""]
+  if not run.on_gpu:
+    lines += [f"> {NOT_GPU_BANNER}", ""]
+  lines += [f"Run `{main}`" + (f", from `{source}`" if source else "")
+            + f" ({_measured_at(_ladder_refs(run), main)}), {f.get('device', '?')}, timer "
+            f"{f.get('timer', '?')}. TFLOP/s (speedup vs XLA):", "", *table]
+  return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- generated blocks in documents
+
+README_BEGIN = "<!-- bench:begin (python -m bench report ... --readme README.md) -->"
+README_END = "<!-- bench:end -->"
+
+
+def ladder_markers(backend: str) -> tuple[str, str]:
+  return f"<!-- ladder:{backend}:begin -->", f"<!-- ladder:{backend}:end -->"
+
+
+def replace_block(path, begin: str, end: str, body: str) -> bool:
+  """Puts `body` between the markers `begin` and `end` of the file at `path`.
+
+  Returns False, leaving the file as it was, where the file or either marker
+  is missing: documents opt in by carrying the markers.
+  """
+  path = Path(path)
+  if not path.is_file():
+    return False
+  text = path.read_text()
+  if begin not in text or end not in text.split(begin, 1)[1]:
+    return False
+  head, rest = text.split(begin, 1)
+  _, tail = rest.split(end, 1)
+  path.write_text(f"{head}{begin}\n{body.strip()}\n{end}{tail}")
+  return True
+
+
+def update_readme(readme, tables: str) -> bool:
+  """The README's bench block (README_TABLES.md's text); False where it has no markers."""
+  return replace_block(readme, README_BEGIN, README_END, tables)
+
+
+def update_ladders(doc, run: Run, source: str | None = None) -> list[str]:
+  """The ladder guide's block of every backend of the run that has markers in `doc`."""
+  done = []
+  for b in run.backend_variants:
+    body = ladder_guide(run, b, source)
+    if body is not None and replace_block(doc, *ladder_markers(b), body):
+      done.append(b)
+  return done
