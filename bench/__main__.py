@@ -7,10 +7,11 @@
     python -m bench report bench/results/<run>/results.csv   # report + plots, README, docs/ladders.md
     python -m bench report a/results.csv b/results.csv --out bench/results/<run>  # merge
     python -m bench tune --suite square,llm,training   # jaxgemm.autotune on these problems
+    python -m bench history bench/results/<run>/results.csv  # into bench/results/history.csv
 
 Also installed as the console script `jaxgemm-bench`. This module only picks
-the subcommand; each lives in its own module (`run`, `report`, `tune`)
-with a `main(argv)`, and none imports this one.
+the subcommand; each lives in its own module (`run`, `report`, `tune`,
+`history`) with a `main(argv)`, and none imports this one.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUBCOMMANDS = ("run", "report", "tune")
+SUBCOMMANDS = ("run", "report", "tune", "history")
 
 
 def main(argv=None) -> int:

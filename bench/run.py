@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                   "(backend='auto'), against XLA's dot on named problem suites; write a CSV, "
                   "a Markdown report and plots. Other subcommands: `python -m bench report "
                   "CSV...` (the report again, README.md and docs/ladders.md), `python -m bench "
-                  "tune` (the shipped table); each takes --help.",
+                  "tune` (the shipped table), `python -m bench history CSV...` (the runs' "
+                  "headline numbers in bench/results/history.csv); each takes --help.",
       formatter_class=argparse.RawDescriptionHelpFormatter,
       epilog="suites:\n" + "\n".join(f"  {k:<10} {v}" for k, v in P.SUITE_HELP.items()))
   ap.add_argument("--suite", default="default",
@@ -151,7 +152,7 @@ def main(argv) -> int:
 
   import jaxgemm  # noqa: PLC0415
 
-  from . import runner  # noqa: PLC0415
+  from . import history, runner  # noqa: PLC0415
   from .report import csvio, generate, tables  # noqa: PLC0415
   from .training import run_training  # noqa: PLC0415
 
@@ -278,7 +279,10 @@ def main(argv) -> int:
     print("\n".join(tt[2:]))
   print(f"\nCSV:           {csv_path}\nreport:        {made['report']}\n"
         f"README tables: {made['readme_tables']}\nplots:         {out_dir / 'plots'}")
-  if not on_gpu:
+  if on_gpu:
+    print(f"history:       python -m bench history {csv_path}   (adds the run to "
+          f"{history.HISTORY.relative_to(csvio.repo_root())})")
+  else:
     print("(CPU runs are git-ignored: bench/results/cpu-*)")
   print(bar)
   if args.strict and (counts.get("fail") or counts.get("error")):

@@ -4,7 +4,7 @@ The problem tables (shapes that really are what their suite says), the
 correctness gate (a wrong kernel is a failure row, never a time), the CSV,
 report and plots from a small real CPU run and from a synthetic GPU-like CSV,
 jaxgemm's default (backend="auto") as a row of its own, the generated blocks
-of README.md and docs/ladders.md, and the CLI's --list.
+of README.md and docs/ladders.md, the runs' history CSV, and the CLI's --list.
 Only the xla backend, the default (XLA's dot on a CPU) and fake kernels run
 here, so the file stays fast whatever backends are registered.
 """
@@ -29,6 +29,7 @@ import jaxgemm
 from gemm_testing import DriftingTimer
 from jaxgemm import registry, timing, tuning_cache
 from jaxgemm.bench import __main__ as cli
+from jaxgemm.bench import history as H
 from jaxgemm.bench import problems as P
 from jaxgemm.bench import runner
 from jaxgemm.bench import training as T
@@ -658,3 +659,61 @@ def test_targets_table_reads_each_target_off_the_run():
   only_xla = view.Run([row(runner.REF, runner.REF_VARIANT, "")])
   assert "not measured" in "\n".join(tables.targets_table(only_xla))
 
+
+# ---------------------------------------------------------------- the runs' history
+
+def _history_csv(path, run_id, date, ms):
+  """A tiny results.csv of one run: copy bandwidth, XLA and a kernel on one problem,
+  a training step and its losses."""
+  prov = {"run_id": run_id, "date": date, "git_commit": "0123456789abcdef" * 2,
+          "device": "NVIDIA H200", "platform": "gpu", "dtype": "bf16"}
+  gemm = {**prov, "suite": "square", "kind": "gemm", "problem": "sq4096", "m": 4096,
+          "k": 4096, "n": 4096, "layout": "NN", "status": "ok", "iters": 20}
+  w = csvio.CsvWriter(path)
+  w({**prov, "suite": "copy", "kind": "copy_bw", "backend": "xla", "variant": "negate",
+     "status": "ok", "gbps": 4300})
+  w({**gemm, "backend": runner.REF, "variant": runner.REF_VARIANT, "time_ms_median": 0.2,
+     "tflops": 687.2})
+  w({**gemm, "backend": "tri", "variant": "best", "time_ms_median": ms, "tflops": 137.4 / ms,
+     "xla_time_ms": 0.2, "speedup_vs_xla": 0.2 / ms, "error": 1e-3})
+  w({**prov, "suite": "training", "kind": "train_step", "problem": "transformer",
+     "backend": runner.AUTO, "variant": runner.AUTO_VARIANT, "status": "ok",
+     "time_ms_median": 8.0, "step_wall_ms": 9.1, "xla_time_ms": 8.1, "speedup_vs_xla": 1.01,
+     "chosen": ""})
+  for i in range(3):
+    w({**prov, "suite": "training", "kind": "train_loss", "backend": runner.AUTO,
+       "variant": runner.AUTO_VARIANT, "status": "ok", "step": i, "loss": 9 - i})
+  w.close()
+  return path
+
+
+def test_history_keeps_headline_rows_and_merges_by_run_id(tmp_path):
+  hist = tmp_path / "history.csv"
+  a = _history_csv(tmp_path / "a.csv", "run-b", "2026-11-24T08:00:00Z", 0.25)
+  assert cli.main(["history", str(a), "--out", str(hist)]) == 0
+  with open(hist, newline="") as f:
+    assert next(csv.reader(f)) == H.HISTORY_COLUMNS
+  rows = csvio.read_csv(hist)
+  # kernels, XLA and the training step; no losses, no copy bandwidth
+  assert [(r["kind"], r["backend"]) for r in rows] == [
+      ("gemm", runner.REF), ("gemm", "tri"), ("train_step", runner.AUTO)]
+  kernel, step = rows[1], rows[2]
+  assert (kernel["problem"], kernel["m"], kernel["layout"], kernel["dtype"]) == \
+      ("sq4096", "4096", "NN", "bf16")
+  assert float(kernel["speedup_vs_xla"]) == pytest.approx(0.8)
+  assert kernel["git_commit"] == "0123456789" and kernel["device"] == "NVIDIA H200"
+  assert (step["time_ms_median"], step["step_wall_ms"], step["xla_time_ms"]) == \
+      ("8", "9.1", "8.1")
+  # an earlier run and run-b measured again: one copy of each run, in date order
+  b = _history_csv(tmp_path / "b.csv", "run-b", "2026-11-24T08:00:00Z", 0.4)
+  c = _history_csv(tmp_path / "c.csv", "run-a", "2026-11-22T08:00:00Z", 0.3)
+  assert cli.main(["history", str(b), str(c), "--out", str(hist)]) == 0
+  rows = csvio.read_csv(hist)
+  assert [r["run_id"] for r in rows] == ["run-a"] * 3 + ["run-b"] * 3
+  assert float(rows[4]["time_ms_median"]) == pytest.approx(0.4)   # run-b's new rows
+  # a run not in the CSVs stays as it was
+  assert cli.main(["history", str(a), "--out", str(hist)]) == 0
+  rows = csvio.read_csv(hist)
+  assert [r["run_id"] for r in rows] == ["run-a"] * 3 + ["run-b"] * 3
+  assert float(rows[1]["time_ms_median"]) == pytest.approx(0.3)
+  assert float(rows[4]["time_ms_median"]) == pytest.approx(0.25)

@@ -3,8 +3,8 @@
 CSV: one row per measurement (a kernel on a problem, XLA's dot on a problem, a
 training step, one step's loss, the copy bandwidth), with the run's provenance
 (device, driver, versions, git commit, date, timer, input distribution) on
-every row. Everything made after it (REPORT.md, the tables, the plots) is
-read back from the CSV alone.
+every row. Everything made after it (REPORT.md, the tables, the plots, the
+runs' history) is read back from the CSV alone.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def repo_root() -> Path:
   return Path(__file__).resolve().parents[2]
 
 
-RESULTS = repo_root() / "bench" / "results"   # where runs and tuning logs live
+RESULTS = repo_root() / "bench" / "results"   # where runs, tuning logs and history.csv live
 
 
 def provenance() -> dict:
