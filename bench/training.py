@@ -68,7 +68,8 @@ class ModelConfig:
   # step 3), and such jumps made two runs that differ only in GEMM rounding
   # part ways: XLA's own trajectory ended at 8.75 in six runs and at 8.82 in
   # the seventh, after a spike to 10.18 at step 32 that the others did not
-  # have (bench/results/h200-default-2026-11-23e and -23f).
+  # have (runs h200-default-2026-11-23e and -23f: their loss curves are in git
+  # history at commit 6af37ac, their step times in bench/results/history.csv).
   warmup_steps: int = 10
   clip_norm: float = 1.0
 
