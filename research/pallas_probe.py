@@ -5,13 +5,13 @@ Pallas defaults. Its log is research/probes/h200-pallas-ladder-2026-11-22-probe3
 made with `make gpu-env && cd /tmp && python3 <repo>/bench/pallas_probe.py all 200` (its
 helpers now live in `research/probe_helpers.py`: run it as
 `python3 research/pallas_probe.py all 200` from the repository root; the lines below
-put the root on sys.path). It predates the kernels' move to kernels/pallas/matmul/.
+put the root on sys.path).
 """
 import sys, pathlib
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: bench, research
 import time
 import jax, jax.numpy as jnp
-from jaxgemm.backends import pallas as P
+from jaxgemm.ops.matmul import pallas as P
 from research.probe_helpers import (BE, ITERS, operands as ops, pallas_fn, prob, relerr, timeit,
                                     xla2d_fn, xla_fn)
 T0 = time.time()

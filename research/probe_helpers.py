@@ -50,7 +50,7 @@ def relerr(x, ref):
 
 def kernel(p, variant, cfg):
   """The variant's kernel function called directly (no matmul_p, no check)."""
-  fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
+  fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.matmul.{variant}"), variant)
   return jax.jit(lambda a, b: fn(a, b, p, cfg))
 
 
