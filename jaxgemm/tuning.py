@@ -79,7 +79,7 @@ XLA_PICK_SPREAD = 0.10
 # moved by up to 2.3% between two timings in one process
 # (research/probes/pallas-2026-11-23f/probe_tail.log), and the tuner's
 # pick for 8192x4096x28672 read 0.99x there but 0.934x in the benchmark run
-# that followed (bench/results/h200-default-2026-11-23f).
+# that followed (run h200-default-2026-11-23f, in git history at 6af37ac).
 CONTENDER_MARGIN = 0.03
 
 

@@ -436,6 +436,8 @@ def test_cpu_report_says_not_gpu_and_has_plots(cpu_run):
   assert "#### Ladder: backend `auto`" not in report
   tables = (cpu_run / "README_TABLES.md").read_text()
   assert "NOT GPU TIMINGS" in tables and "#### Defaults (backend='auto') vs XLA" in tables
+  # the README's block is for users: the ladders are in docs/ladders.md
+  assert "#### Ladder:" not in tables and "plots/ladder.png" not in tables
   for name in ("tflops_vs_size.png", "ladder.png", "training_loss.png"):
     png = cpu_run / "plots" / name
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"

@@ -38,7 +38,7 @@ ping-pong schedule (consumers on alternate whole tiles), which rung 6
 (`pingpong`) uses; here they are 1x1, none and off.
 
 Measured before the exact stores (H200, jax 0.11.2, default configs, CUPTI
-median of 20, bf16, `bench/pallas_probe.py all` run 3:
+median of 20, bf16, `research/pallas_probe.py all` run 3:
 research/probes/h200-pallas-ladder-2026-11-22-probe3.log; XLA's dot in
 the same process): 8192^3 797.0 TFLOP/s (0.98x XLA), 4096^3 786.0 (0.98x),
 4095x4097x4093 456.8 (2.89x), 8192x4096x14336 777.3 (0.95x), 8192x14336x4096

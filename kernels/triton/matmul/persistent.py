@@ -15,7 +15,7 @@ Ideas on top of `tensorcore`:
 TMA does not run through jax-triton 0.3.1: device-side descriptors live in a
 global scratch buffer (384 B per program here, Triton's compile metadata) that
 Triton's own launcher allocates and jax-triton's does not, and the kernel hit
-CUDA_ERROR_ILLEGAL_ADDRESS on the H200 (bench/triton_probe.py, 2026-11-22). The backend
+CUDA_ERROR_ILLEGAL_ADDRESS on the H200 (research/triton_probe.py, 2026-11-22). The backend
 therefore refuses tma=True on GPU; the interpreter runs it (tests keep the path
 correct), and bench/ times it launched natively with Triton's allocator.
 
