@@ -195,7 +195,7 @@ def test_interpreter_matches_reference(variant, case):
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
   cfg = small_config(variant)
   BACKEND.check(p, variant, cfg)
-  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
+  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.matmul.{variant}"), variant)
   a, b = operands(p)
   out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
   assert out.dtype == p.out_dtype
@@ -359,7 +359,7 @@ def test_interpreter_exact_c_stores(variant, case):
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
   cfg = small_config(variant)
   assert exact_case(p, cfg, variant), "the case must exercise the exact-store epilogue"
-  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
+  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.matmul.{variant}"), variant)
   a, b = operands(p, seed=3)
   out = jax.jit(lambda a, b: kernel_fn(a, b, p, cfg, interpret=True))(a, b)
   assert out.shape == p.out_shape
@@ -487,6 +487,6 @@ def test_interpreter_single_k_step_several_tiles_per_cta(variant):
   interpreter's 2 CTAs): once a barrier phase completed twice and hung."""
   p = problem(6, 7, 65, 33)
   cfg = small_config(variant, tile_k=64)
-  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.{variant}"), variant)
+  kernel_fn = getattr(importlib.import_module(f"jaxgemm.kernels.pallas.matmul.{variant}"), variant)
   a, b = operands(p)
   assert_close(kernel_fn(a, b, p, cfg, interpret=True), reference(a, b, p), p)
