@@ -6,7 +6,7 @@ same launch timed natively and through jax-triton, CUPTI kernel time, median
 of 20). Its logs are research/probes/h200-triton-ladder-2026-11-22-run*.
 The problem list at the bottom is edited between runs; run1's is the first
 block of its log. Run on the GPU machine: `make gpu-env && python3 research/triton_probe.py` (it was
-`bench/triton_probe.py` then; it predates the kernels' move to kernels/triton/matmul/).
+`bench/triton_probe.py` then; its imports follow the kernels to kernels/triton/matmul/).
 """
 import os, sys, json, time, traceback
 import numpy as np, jax, jax.numpy as jnp
@@ -63,14 +63,14 @@ def run(name, m, k, n, dtype, variants, ta=False, tb=False, precision=None, conf
 def native_vs_jax(variant, m, k, n, cfg=None, tma=False):
     """A rung's launch, natively through Triton vs through jax-triton, same constexprs."""
     import importlib, dataclasses
-    from jaxgemm.backends.triton import TritonBackend
+    from jaxgemm.ops.matmul.triton import TritonMatmul
     p = GemmProblem(1, m, n, k, np.dtype(jnp.bfloat16), np.dtype(jnp.bfloat16), np.dtype(np.float32), False, False, None)
-    cfg = cfg or TritonBackend().default_config(p, variant)
+    cfg = cfg or TritonMatmul().default_config(p, variant)
     if variant == "persistent":
-        from jaxgemm.kernels.triton import persistent
+        from jaxgemm.kernels.triton.matmul import persistent
         launch = persistent.launch(p, dataclasses.replace(cfg, tma=tma), "cuda")
     else:
-        from jaxgemm.kernels.triton import tiled
+        from jaxgemm.kernels.triton.matmul import tiled
         launch = tiled.blocked_launch(p, cfg, "cuda", upcast=False, dot_precision="tf32")
     at = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16); bt = torch.randn(1, k, n, device="cuda", dtype=torch.bfloat16)
     ct = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
