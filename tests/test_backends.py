@@ -110,3 +110,49 @@ def test_explicit_config_gives_the_default_result(kernel, rng):
 def test_xla_config_has_no_fields():
   assert dataclasses.fields(jaxgemm.XlaConfig) == ()
   assert jaxgemm.XlaConfig().to_json() == '{"backend": "xla"}'
+
+
+def _large_problems():
+  """Large problems in every dtype, output dtype, precision and layout the kernels take."""
+  sizes = [(1, 2048, 2048, 2048), (1, 4096, 4096, 4096), (1, 8192, 14336, 4096),
+           (1, 128, 14336, 4096), (1, 16, 8192, 8192), (4, 4095, 4097, 4093), (1, 1, 4096, 4096)]
+  dtypes = [(jnp.bfloat16, jnp.bfloat16), (jnp.bfloat16, jnp.float32), (jnp.float16, jnp.float16),
+            (jnp.float16, jnp.float32), (jnp.float32, jnp.float32), (jnp.float32, jnp.bfloat16)]
+  for batch, m, n, k in sizes:
+    for dtype, out in dtypes:
+      precisions = [None, (lax.Precision.HIGHEST,) * 2] if dtype == jnp.float32 else [None]
+      for precision in precisions:
+        for trans_a in (False, True):
+          for trans_b in (False, True):
+            yield jaxgemm.GemmProblem(batch, m, n, k, np.dtype(dtype), np.dtype(out),
+                                      np.dtype(np.float32), trans_a, trans_b, precision)
+
+
+@pytest.mark.parametrize("backend", [b for b in jaxgemm.backends() if b != "xla"])
+def test_chosen_configs_are_valid_for_large_problems(backend):
+  """Every config the library can choose without a tuning record (each variant's
+  default and every tuning candidate) passes the backend's own check, for large
+  problems the CPU tests never run: a chooser must not hand out a config that
+  overflows shared memory (as bf16 -> f32 at 128x256x64 in 3 stages once did)."""
+  b = registry.get_backend(backend)
+  bad = []
+  for problem in _large_problems():
+    chosen = [(v, b.default_config(problem, v)) for v in b.variants]
+    chosen += b.tuning_candidates(problem) if _takes(b, problem) else []
+    for variant, config in chosen:
+      try:
+        b.check(problem, variant, config)
+      except NotImplementedError:
+        continue   # the variant does not take this dtype or precision: fine
+      except ValueError as e:
+        bad.append(f"{problem.describe()} {variant} {config.to_json()}: {e}")
+  assert not bad, f"{len(bad)} invalid configs, e.g.:\n" + "\n".join(bad[:5])
+
+
+def _takes(backend, problem) -> bool:
+  try:
+    backend.check(problem, backend.default_variant(problem),
+                  backend.default_config(problem, backend.default_variant(problem)))
+  except NotImplementedError:
+    return False
+  return True

@@ -151,7 +151,42 @@ class TritonMatmul(registry.Backend):
     tiles = self._tile_defaults(problem, variant)
     if variant == "splitk":
       tiles["split_k"] = self._split_k_for(problem)
-    return TritonConfig(**tiles)
+    return self._within_smem(problem, variant, TritonConfig(**tiles))
+
+  def _within_smem(self, problem: GemmProblem, variant: str,
+                   config: TritonConfig) -> TritonConfig:
+    """`config` with fewer stages, then narrower N tiles, until it fits in shared memory.
+
+    The default tiles are sized for 16-bit outputs; an fp32 output's epilogue
+    tile is twice as large (bf16 -> f32 at 128x256x64 in 3 stages needs
+    278528 B of the 232448).
+    """
+    while self._smem_bytes(problem, variant, config)[0] > SMEM_BYTES:
+      if config.num_stages > 2:
+        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
+      elif config.block_n > 16:
+        config = dataclasses.replace(config, block_n=config.block_n // 2)
+      else:
+        break   # check() reports it
+    return config
+
+  @staticmethod
+  def _smem_bytes(problem: GemmProblem, variant: str, config) -> tuple[int, str]:
+    """(bytes of shared memory the launch needs, the formula in words)."""
+    if not _RUNGS[variant].uses_smem:
+      return 0, "no shared memory"
+    # num_stages copies of both tiles in their input dtype; the persistent
+    # kernel also stages the C tile for its epilogue. Both terms matched the
+    # H200's launch errors exactly (278528 B for 128x256x32 fp32, 3 stages).
+    itemsize = np.dtype(problem.dtype).itemsize
+    smem = config.num_stages * (config.block_m + config.block_n) * config.block_k * itemsize
+    formula = (f"num_stages={config.num_stages} x (block_m={config.block_m} + "
+               f"block_n={config.block_n}) x block_k={config.block_k} x {itemsize} B")
+    if variant == "persistent":
+      out_itemsize = np.dtype(problem.out_dtype).itemsize
+      smem += config.block_m * config.block_n * out_itemsize
+      formula += f" + block_m x block_n x {out_itemsize} B for the epilogue"
+    return smem, formula
 
   def tuning_candidates(self, problem: GemmProblem) -> list[tuple[str, TritonConfig]]:
     """The tensor-core rungs at their defaults and one smaller tile each, and split-K
@@ -169,8 +204,8 @@ class TritonMatmul(registry.Backend):
                  num_stages=4, epilogue_subtile=1)
     for variant in ("persistent", "tensorcore"):
       base = self.default_config(problem, variant)
-      out += [(variant, base),
-              (variant, dataclasses.replace(base, **_clamped(problem, variant, small)))]
+      smaller = dataclasses.replace(base, **_clamped(problem, variant, small))
+      out += [(variant, base), (variant, self._within_smem(problem, variant, smaller))]
     if self._split_k_for(problem) > 1:
       out.append(("splitk", self.default_config(problem, "splitk")))
     return out
@@ -196,22 +231,11 @@ class TritonMatmul(registry.Backend):
     if config.epilogue_subtile > 1 and config.block_n % (8 * config.epilogue_subtile):
       raise ValueError(f"{what}: {config.block_n=} must be divisible by "
                        f"8 x {config.epilogue_subtile=}")
-    if rung.uses_smem:
-      # num_stages copies of both tiles in their input dtype; the persistent
-      # kernel also stages the C tile for its epilogue. Both terms matched the
-      # H200's launch errors exactly (278528 B for 128x256x32 fp32, 3 stages).
-      itemsize = np.dtype(problem.dtype).itemsize
-      smem = config.num_stages * (config.block_m + config.block_n) * config.block_k * itemsize
-      formula = (f"num_stages={config.num_stages} x (block_m={config.block_m} + "
-                 f"block_n={config.block_n}) x block_k={config.block_k} x {itemsize} B")
-      if variant == "persistent":
-        out_itemsize = np.dtype(problem.out_dtype).itemsize
-        smem += config.block_m * config.block_n * out_itemsize
-        formula += f" + block_m x block_n x {out_itemsize} B for the epilogue"
-      if smem > SMEM_BYTES:
-        raise ValueError(
-            f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-            f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+    smem, formula = self._smem_bytes(problem, variant, config)
+    if smem > SMEM_BYTES:
+      raise ValueError(
+          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
+          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
 
   def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):
     kernel = importlib.import_module(f"jaxgemm.kernels.triton.matmul.{_RUNGS[variant].module}")
