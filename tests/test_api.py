@@ -380,3 +380,36 @@ def test_auto_runs_on_matmul_p_for_floats():
   assert "jaxgemm_matmul" in names and "dot_general" not in names
   names = primitive_names(jax.make_jaxpr(jaxgemm.matmul)(a.astype(jnp.int8), a.T.astype(jnp.int8)))
   assert "jaxgemm_matmul" not in names and "dot_general" in names
+
+
+@pytest.mark.parametrize("setting, want", [
+    ("float32", lax.Precision.HIGHEST), ("highest", lax.Precision.HIGHEST),
+    ("tensorfloat32", lax.Precision.HIGH), ("bfloat16", lax.Precision.DEFAULT)])
+@pytest.mark.parametrize("fn", ["matmul", "dot_general"])
+def test_default_matmul_precision_is_honoured(setting, want, fn):
+  """precision=None means jax.default_matmul_precision's setting, as it does to
+  jnp.matmul: with "float32" the named kernel backends run exact fp32 (Triton's
+  exact rung), not TF32."""
+  a, b = jnp.ones((16, 32), jnp.float32), jnp.ones((32, 8), jnp.float32)
+  call = {"matmul": lambda a, b, **kw: jaxgemm.matmul(a, b, **kw),
+          "dot_general": lambda a, b, **kw: jaxgemm.dot_general(
+              a, b, (((1,), (0,)), ((), ())), **kw)}[fn]
+  # The backends that take fp32 operands (Pallas refuses them for now).
+  backends = ["auto", *(b for b in jaxgemm.backends() if b != "pallas")]
+  with jax.default_matmul_precision(setting):
+    for backend in backends:
+      eqns = [e for e in iter_eqns(jax.make_jaxpr(
+          lambda a, b: call(a, b, backend=backend))(a, b).jaxpr)
+              if e.primitive is jaxgemm.matmul_p]
+      assert [e.params["precision"] for e in eqns] == [(want, want)], backend
+  if "triton" in backends and setting in ("float32", "highest"):
+    from jaxgemm import dispatch  # noqa: PLC0415
+    from jaxgemm.ops.matmul.primitive import problem_of  # noqa: PLC0415
+    (eqn,) = eqns
+    problem = problem_of(*[v.aval for v in eqn.invars], **eqn.params)
+    assert problem.fp32_precision == "ieee"
+    assert dispatch.choose(problem, "triton").variant == "pipelined"
+  # Outside the context the default is back: TF32-able, precision None.
+  (eqn,) = [e for e in jax.make_jaxpr(lambda a, b: call(a, b, backend="xla"))(a, b).eqns
+            if e.primitive is jaxgemm.matmul_p]
+  assert eqn.params["precision"] is None

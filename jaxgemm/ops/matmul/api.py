@@ -22,8 +22,16 @@ from jaxgemm.ops.matmul.primitive import bind
 from jaxgemm.ops.matmul.problem import GemmProblem
 
 def _canonical_precision(precision) -> tuple[lax.Precision, lax.Precision] | None:
+  """A pair of lax.Precision, or None for the default.
+
+  precision=None means what it means to jnp.matmul: the current
+  `jax.default_matmul_precision` setting ("float32" makes fp32 products exact
+  on every backend), else the backend's default (TF32 tensor cores for fp32).
+  """
   if precision is None:
-    return None
+    precision = jax.config.jax_default_matmul_precision
+    if precision is None:
+      return None
   if isinstance(precision, (str, lax.Precision)):
     precision = (precision, precision)
   if isinstance(precision, tuple) and len(precision) == 2:
