@@ -521,7 +521,7 @@ def test_matmul_p_in_jaxpr(kernel):
   jaxpr = jax.make_jaxpr(lambda a, b: jaxgemm.matmul(a, b, precision=precision,
                                                      **kernel.kw))(a, b)
   (eqn,) = [e for e in iter_eqns(jaxpr) if e.primitive is jaxgemm.matmul_p]
-  assert (eqn.params["backend"], eqn.params["variant"]) == kernel
+  assert (eqn.params["backend"], eqn.params["variant"]) == (kernel.backend, kernel.variant)
   # config=None: the backend picks one per problem when lowering.
   assert eqn.params["config"] is None or isinstance(eqn.params["config"], jaxgemm.KernelConfig)
 
@@ -599,7 +599,7 @@ def test_derived_gemms_pass_the_variant_check(kernel, dims, batch):
       if e.primitive is jaxgemm.matmul_p:
         problem = primitive.problem_of(*[v.aval for v in e.invars], **e.params)
         backend, variant, config = primitive.resolve_kernel(problem, e.params)
-        assert (backend.name, variant) == kernel
+        assert (backend.name, variant) == (kernel.backend, kernel.variant)
         backend.check(problem, variant, config)
         checked += 1
   assert checked == 3 + 3
