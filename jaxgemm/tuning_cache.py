@@ -67,7 +67,7 @@ def entry_key(device_kind: str, backend: str, variant: str, problem: Problem) ->
                    problem.bucket()))
 
 
-def _parse_key(key: str) -> tuple[str, str, str, str, str] | None:
+def parse_key(key: str) -> tuple[str, str, str, str, str] | None:
   """(op, device kind, backend, variant, rest of the key) of an entry key."""
   parts = key.split("|")
   if len(parts) < 4 or "/" not in parts[2]:
@@ -280,9 +280,9 @@ class Tuned:
 
 def _records(entries, source, device_kind, problem, backend) -> dict[tuple[str, str], Tuned]:
   out = {}
-  suffix = _parse_key(entry_key(device_kind, "b", "v", problem))[4]
+  suffix = parse_key(entry_key(device_kind, "b", "v", problem))[4]
   for key, shapes in entries.items():
-    parsed = _parse_key(key)
+    parsed = parse_key(key)
     if parsed is None or parsed[:2] != (problem.op, device_kind) or parsed[4] != suffix:
       continue
     _, _, b, v, _ = parsed

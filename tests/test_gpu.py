@@ -111,8 +111,9 @@ def _auto_picks_in_the_shipped_table(max_flops=8e9):
   entries = tuning_cache.load(tuning_cache.table_path(kind))
   out = {}
   for key, shapes in entries.items():
-    device, backend_variant, dtypes, _, trans, _ = key.split("|")
-    if device != kind or dtypes != "bfloat16->bfloat16":
+    op, device, _, _, rest = tuning_cache.parse_key(key)
+    dtypes, _, trans, _ = rest.split("|")
+    if op != "matmul" or device != kind or dtypes != "bfloat16->bfloat16":
       continue
     for shape in shapes:
       batch, m, n, k = map(int, shape.split("x"))
