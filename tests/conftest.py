@@ -67,7 +67,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "cases(common, xla=()): test cases for every kernel, plus xla-only ones")
   config.addinivalue_line("markers", "kernel_backends: only the non-xla backends' kernels")
-  config.addinivalue_line("markers", "slow_for_kernels: mark `slow` for non-xla kernels")
+  config.addinivalue_line(
+      "markers", "slow_for_kernels(keep=0): mark `slow` on slow interpreters (all cases "
+                 "but the first `keep`)")
 
 
 def pytest_report_header(config):
@@ -98,8 +100,14 @@ def pytest_generate_tests(metafunc):
   # Heavy chains of GEMMs (a 20-step training run is ~100 kernel launches) are
   # `slow` on backends whose CPU interpreter is slow, so `-m "not slow"` keeps
   # the CPU run short; they run compiled in the GPU tier (`make gpu-test`).
-  heavy = metafunc.definition.get_closest_marker("slow_for_kernels") is not None
-  marks_of = lambda k: [pytest.mark.slow] if heavy and k.backend in SLOW_INTERPRETERS else []
+  # With keep=N, a slow interpreter runs the first N cases on the CPU and leaves
+  # the rest of the product (every layout of every rung) to the GPU tier.
+  heavy = metafunc.definition.get_closest_marker("slow_for_kernels")
+  keep = heavy.kwargs.get("keep", 0) if heavy is not None else None
+
+  def marks_of(k, case_index=0):
+    slow = heavy is not None and k.backend in SLOW_INTERPRETERS and case_index >= keep
+    return [pytest.mark.slow] if slow else []
   marker = metafunc.definition.get_closest_marker("cases")
   if marker is None:
     metafunc.parametrize("kernel", [pytest.param(k, id=str(k), marks=marks_of(k))
@@ -109,10 +117,10 @@ def pytest_generate_tests(metafunc):
   xla_only = [_as_param(c) for c in marker.kwargs.get("xla", ())]
   params = []
   for k in kernels:
-    for case in common + (xla_only if k.is_xla else []):
+    for i, case in enumerate(common + (xla_only if k.is_xla else [])):
       (value,) = case.values
       params.append(pytest.param(k, value, id=f"{k}-{case.id}",
-                                 marks=[*case.marks, *marks_of(k)]))
+                                 marks=[*case.marks, *marks_of(k, i)]))
   metafunc.parametrize(("kernel", "case"), params)
 
 

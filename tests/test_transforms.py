@@ -228,6 +228,7 @@ def _check_vjp(kernel, rng, fn, a_shape, b_shape, np_fn, out_dtype=None):
 
 
 @pytest.mark.cases(VJP_CASES)
+@pytest.mark.slow_for_kernels(keep=1)
 def test_vjp_against_float64(kernel, case, rng):
   dims, batch = case
   a_shape, b_shape = _shapes(dims, batch=batch)
@@ -239,6 +240,7 @@ def test_vjp_against_float64(kernel, case, rng):
 @pytest.mark.cases([pytest.param(((2, 1, M, K), (3, K, N)), id="broadcast"),
                     pytest.param(((2, M, K), (K, N)), id="shared-rhs"),
                     pytest.param(((K,), (2, K, N)), id="vector-lhs")])
+@pytest.mark.slow_for_kernels(keep=1)
 def test_vjp_against_float64_matmul_shapes(kernel, case, rng):
   a_shape, b_shape = case
   _check_vjp(kernel, rng, jaxgemm.matmul, a_shape, b_shape,
