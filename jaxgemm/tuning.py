@@ -37,7 +37,6 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.extend import core as jex_core
 
 from jaxgemm import dispatch, registry, tuning_cache

@@ -44,7 +44,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 
 from jaxgemm.ops.base import Problem
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-import jax.numpy as jnp
 import numpy as np
 
 from jaxgemm import registry
