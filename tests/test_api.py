@@ -413,3 +413,39 @@ def test_default_matmul_precision_is_honoured(setting, want, fn):
   (eqn,) = [e for e in jax.make_jaxpr(lambda a, b: call(a, b, backend="xla"))(a, b).eqns
             if e.primitive is jaxgemm.matmul_p]
   assert eqn.params["precision"] is None
+
+
+@pytest.mark.parametrize("mode", ["standard", "strict"])
+@pytest.mark.parametrize("lhs_dt, rhs_dt, pet", [
+    (F32, BF16, None), (BF16, F32, None), (BF16, F16, None), (F16, F32, BF16),
+    (BF16, F16, F32)], ids=str)
+def test_dot_general_mixed_operands_as_lax(lhs_dt, rhs_dt, pet, mode, rng):
+  """dot_general takes the mixed operand dtypes lax.dot_general takes, in either
+  promotion mode (float32 x bfloat16 raised TypePromotionError under "strict"),
+  with lax's result dtype; the kernels compute in the operands' standard
+  promotion (float32 here), so the float64 reference holds at fp32's tolerance
+  for the inputs as given. Pallas takes no fp32 operands yet."""
+  lhs, rhs = random_array(rng, (33, 40), lhs_dt), random_array(rng, (40, 24), rhs_dt)
+  dims = (((1,), (0,)), ((), ()))
+  ref, bound = dot_general_reference(lhs, rhs, dims)
+  with jax.numpy_dtype_promotion(mode):
+    want = lax.dot_general(lhs, rhs, dims, preferred_element_type=pet)
+    for backend in ["auto", *(b for b in jaxgemm.backends() if b != "pallas")]:
+      out = jaxgemm.dot_general(lhs, rhs, dims, preferred_element_type=pet, backend=backend,
+                                precision="highest")
+      assert (out.shape, out.dtype) == (want.shape, want.dtype), backend
+      assert_gemm_close(out, ref, bound, tolerance(F32, out.dtype, "highest"), backend)
+
+
+def test_dot_general_fp8_pair_goes_to_lax():
+  """Two fp8 formats have no common dtype for the kernels: auto hands the call to
+  lax (its result), a named kernel backend says why it cannot run it."""
+  lhs = jnp.ones((16, 32), jnp.float8_e4m3fn)
+  rhs = jnp.ones((32, 8), jnp.float8_e5m2)
+  dims = (((1,), (0,)), ((), ()))
+  want = lax.dot_general(lhs, rhs, dims)
+  out = jaxgemm.dot_general(lhs, rhs, dims)
+  assert out.dtype == want.dtype
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
+  with pytest.raises(NotImplementedError, match="float8_e4m3fn x float8_e5m2"):
+    jaxgemm.dot_general(lhs, rhs, dims, backend="xla")

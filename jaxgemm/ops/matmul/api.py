@@ -78,6 +78,29 @@ def _dtypes(lhs, rhs, preferred_element_type):
   return np.dtype(dtype), np.dtype(out_dtype)
 
 
+def _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type):
+  """(operand dtype for the kernels or None, result dtype), as lax.dot_general has them.
+
+  lax takes mixed operand dtypes in any promotion mode (float32 x bfloat16
+  under jax_numpy_dtype_promotion="strict", float8_e4m3fn x float8_e5m2) and
+  its result dtype is not always jnp's promotion (bfloat16 x float16 gives
+  bfloat16). The kernels take the operands converted to their standard
+  promotion (exact: each converts into it without rounding), or leave the call
+  to lax where there is none (two fp8 formats).
+  """
+  out_dtype = np.dtype(jax.eval_shape(
+      lambda l, r: lax.dot_general(l, r, dimension_numbers,
+                                   preferred_element_type=preferred_element_type),
+      lhs, rhs).dtype)
+  if lhs.dtype == rhs.dtype:
+    return np.dtype(lhs.dtype), out_dtype
+  try:
+    with jax.numpy_dtype_promotion("standard"):
+      return np.dtype(jnp.promote_types(lhs.dtype, rhs.dtype)), out_dtype
+  except jax.dtypes.TypePromotionError:
+    return None, out_dtype
+
+
 def _problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b, precision):
   """The canonical problem, or None with a reason when matmul_p cannot take it."""
   if dtype not in registry.FLOAT_DTYPES or out_dtype not in registry.FLOAT_DTYPES:
@@ -231,13 +254,13 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                       f"{lsizes} at {tuple(ldims)}, rhs.shape={rhs.shape} has {rsizes} "
                       f"at {tuple(rdims)}")
 
-  if preferred_element_type is None and lhs.dtype != rhs.dtype:
-    # lax's result dtype for mixed operands is not always jnp's promotion
-    # (bfloat16 x float16 gives bfloat16 in lax, float32 in jnp): keep lax's.
-    preferred_element_type = jax.eval_shape(
-        lambda l, r: lax.dot_general(l, r, dimension_numbers), lhs, rhs).dtype
-  dtype, out_dtype = _dtypes(lhs, rhs, preferred_element_type)
+  dtype, out_dtype = _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type)
+  if preferred_element_type is None:
+    preferred_element_type = out_dtype
   layout, why_not = _dot_general_layout(lhs.shape, rhs.shape, dimension_numbers)
+  if dtype is None:
+    layout, why_not = None, (f"the kernels need one operand dtype, and {lhs.dtype} x "
+                             f"{rhs.dtype} promote to none")
   problem = None
   if layout is not None and out_sharding is not None:
     layout, why_not = None, "out_sharding is not supported"
