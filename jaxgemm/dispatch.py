@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 
@@ -41,6 +42,32 @@ AUTO = "auto"
 # runs, and XLA is the safer pick.
 AUTO_MARGIN = 1.01
 FALLBACK = "xla"
+
+
+class KernelFallbackWarning(UserWarning):
+  """backend="auto" chose a kernel that could not be built here, and ran XLA instead."""
+
+
+_warned_fallbacks: set[tuple[str, str, str]] = set()
+
+
+def fall_back(problem: Problem, choice: "Choice", cause: Exception,
+              platform: str | None = None) -> "Choice":
+  """XLA's choice for `problem`, after `choice` failed to build; warns once per cause.
+
+  Only backend="auto" falls back: it promises to compute whatever jnp.matmul
+  does, so a kernel that fails to compile or to fit (a missing package, a
+  compiler error, a resource limit) must not fail the user's program. A named
+  backend raises instead.
+  """
+  what = f"{type(cause).__name__}: {cause}"
+  key = (choice.backend, choice.variant, what)
+  if key not in _warned_fallbacks:
+    _warned_fallbacks.add(key)
+    warnings.warn(f"jaxgemm: backend='auto' chose {choice.backend}/{choice.variant} for "
+                  f"{problem.describe()}, which could not be built here ({what[:500]}); "
+                  f"running XLA instead", KernelFallbackWarning, stacklevel=2)
+  return dataclasses.replace(choose(problem, FALLBACK, platform=platform), source="fallback")
 
 
 @dataclasses.dataclass(frozen=True)

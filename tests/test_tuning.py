@@ -530,3 +530,44 @@ def test_choice_describe_is_json():
   c = dispatch.choose(problem(), "xla")
   assert json.loads(c.describe().split(" ", 2)[2]) == {"backend": "xla"}
   assert dataclasses.asdict(c)["source"] == "heuristic"
+
+
+def test_auto_falls_back_to_xla_with_one_warning_when_a_kernel_cannot_be_built(
+    table, monkeypatch, rng):
+  """backend="auto" never fails where jnp.matmul works: a tuned kernel that cannot be
+  built here (a compile error, a missing package, a resource limit) is replaced by
+  XLA's dot, with one warning naming the kernel and the cause."""
+
+  class Broken(registry.Backend):
+    op, name, variants = "matmul", "broken", ("only",)
+    config_cls = jaxgemm.XlaConfig
+    kernel_modules = ("jaxgemm.ops.matmul.xla",)
+
+    def check(self, problem, variant, config):
+      pass
+
+    def default_config(self, problem, variant):
+      return jaxgemm.XlaConfig()
+
+    def impl(self, problem, variant, config, platform):
+      raise RuntimeError("out of resources: shared memory, required 300000, limit 232448")
+
+  monkeypatch.setitem(registry._BACKENDS["matmul"], "broken", Broken())
+  monkeypatch.setattr(dispatch, "_warned_fallbacks", set())
+  p = problem()
+  write(table, p, {("broken", "only"): record("broken", None, 0.5),
+                   ("xla", "dot_general"): record("xla", None, 1.0)})
+  assert dispatch.choose(p, "auto").backend == "broken"
+  a, b = random_array(rng, (p.m, p.k), F32), random_array(rng, (p.k, p.n), F32)
+  ref, bound = matmul_reference(a, b)
+  with pytest.warns(dispatch.KernelFallbackWarning,
+                    match=r"broken/only .*out of resources: shared memory.*running XLA"):
+    out = jax.jit(lambda a, b: jaxgemm.matmul(a, b))(a, b)
+  assert_gemm_close(out, ref, bound, tolerance(F32), "fallback")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", dispatch.KernelFallbackWarning)   # once per cause
+    out = jax.jit(lambda a, b: 2 * jaxgemm.matmul(a, b))(a, b)
+  assert_gemm_close(out / 2, ref, bound, tolerance(F32), "fallback, again")
+  # A named backend is what the caller asked for: its failure is raised.
+  with pytest.raises(RuntimeError, match="out of resources"):
+    jaxgemm.matmul(a, b, backend="broken")

@@ -80,6 +80,12 @@ def resolve_kernel(problem: GemmProblem, params, platform: str | None = None):
   return registry.get_backend(choice.backend, problem.op), choice.variant, choice.config
 
 
+def _lower_choice(ctx, a, b, problem, choice: dispatch.Choice, platform):
+  backend = registry.get_backend(choice.backend, problem.op)
+  impl = backend.impl(problem, choice.variant, choice.config, platform)
+  return mlir.lower_fun(impl, multiple_results=False)(ctx, a, b)
+
+
 def _abstract_eval(a, b, **params):
   problem = problem_of(a, b, **params)
   return jax.core.ShapedArray(problem.out_shape, problem.out_dtype)
@@ -91,10 +97,18 @@ def _lowering(ctx, a, b, *, platform, **params):
   if problem.is_empty:
     # No kernel for an empty product: K=0 sums nothing, so the answer is zeros.
     impl = lambda a, b: jnp.zeros(problem.out_shape, problem.out_dtype)
-  else:
-    backend, variant, config = resolve_kernel(problem, params, platform)
-    impl = backend.impl(problem, variant, config, platform)
-  return mlir.lower_fun(impl, multiple_results=False)(ctx, a, b)
+    return mlir.lower_fun(impl, multiple_results=False)(ctx, a, b)
+  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
+                           platform=platform)
+  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
+    return _lower_choice(ctx, a, b, problem, choice, platform)
+  try:
+    # A kernel is compiled while it is lowered (Triton, Mosaic GPU), before
+    # its launch is emitted, so a failure here leaves no launch behind.
+    return _lower_choice(ctx, a, b, problem, choice, platform)
+  except Exception as e:  # noqa: BLE001 (auto must compute what jnp.matmul computes)
+    return _lower_choice(ctx, a, b, problem, dispatch.fall_back(problem, choice, e, platform),
+                         platform)
 
 
 def _impl(*args, **params):
