@@ -13,6 +13,7 @@ rung, in `jaxgemm.kernels.<family>.<op>` (the repository's `kernels/`).
 """
 
 from jaxgemm.config import KernelConfig
+from jaxgemm.dispatch import KernelFallbackWarning
 from jaxgemm.ops.matmul import (GemmProblem, PallasConfig, TritonConfig, XlaConfig,
                                 dot_general, matmul, matmul_p)
 from jaxgemm.registry import backends, variants
@@ -21,6 +22,7 @@ from jaxgemm.tuning import autotune, problems_in
 __all__ = [
     "GemmProblem",
     "KernelConfig",
+    "KernelFallbackWarning",
     "PallasConfig",
     "TritonConfig",
     "XlaConfig",
