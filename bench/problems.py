@@ -252,6 +252,9 @@ SUITES: dict[str, list[BenchProblem]] = {
 # The training suite is not a table of GEMMs: see training.py.
 TRAINING = "training"
 ALL_SUITES = (*SUITES, TRAINING)
+# The op each suite measures (a jaxgemm op registered in jaxgemm.registry). The
+# runner calls matmul's public functions; an op's own suites arrive with its runner.
+SUITE_OP = {suite: "matmul" for suite in ALL_SUITES}
 GPU_DEFAULT_SUITES = ("square", "llm", "skinny", "unaligned", "backward", TRAINING)
 CPU_DEFAULT_SUITES = ("tiny", TRAINING)
 

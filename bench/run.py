@@ -115,12 +115,14 @@ def _list(args, on_gpu, platform):
   print("backends and variants (ladder order, best last):")
   print(f"  {AUTO}: {AUTO_VARIANT}  (jaxgemm's default, jaxgemm.matmul(a, b): per problem the "
         "tuned kernel of the autotune cache or shipped table, else XLA's dot)")
-  for b in jaxgemm.backends():
-    print(f"  {b}: {', '.join(jaxgemm.variants(b))}")
+  for op in sorted(set(P.SUITE_OP.values())):
+    for b in jaxgemm.backends(op):
+      print(f"  {op} {b}: {', '.join(jaxgemm.variants(b, op))}")
   print(f"dtypes: {', '.join(P.DTYPES)}")
   print("suites:")
   for name, help_ in P.SUITE_HELP.items():
-    print(f"  {name:<10} {help_}")
+    op = f"[{P.SUITE_OP[name]}]" if name in P.SUITE_OP else ""
+    print(f"  {name:<10} {op:<9} {help_}")
   print()
   for suite, probs in _suites(args, on_gpu):
     if probs is None:

@@ -51,6 +51,9 @@ def test_suites_are_named_and_nonempty():
     assert any(p.default for p in probs), f"{name} has no default problems"
   for s in P.GPU_DEFAULT_SUITES:
     assert s in P.ALL_SUITES
+  # every suite measures one registered op
+  assert set(P.SUITE_OP) == set(P.ALL_SUITES)
+  assert set(P.SUITE_OP.values()) <= set(jaxgemm.registry.ops())
   # the default GPU run has ladder problems, and --quick has some of every suite
   assert any(p.ladder and p.default for s in P.GPU_DEFAULT_SUITES if s in P.SUITES
              for p in P.SUITES[s])
@@ -630,7 +633,7 @@ def test_cli_list_runs_as_a_module():
                "llama3-70b.down.t16384", "  auto: default  (jaxgemm's default"):
     assert word in res.stdout, word
   for b in jaxgemm.backends():
-    assert f"  {b}: " in res.stdout
+    assert f"  matmul {b}: " in res.stdout
 
 
 def test_cli_rejects_bad_arguments(tmp_path):
