@@ -1,0 +1,53 @@
+"""On one GPU: a jaxgemm GEMM on a 1-device mesh, through prototype.py's partitionable
+lowering, compiles to the same program and runs at the same speed as the unsharded call.
+
+  PYTHONPATH=$PWD/.gpu-site python3 research/sharding/one_gpu.py    (after `make gpu-env`)
+"""
+
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prototype import LOCAL_PROBLEMS, P, NamedSharding, jax, jaxgemm, jnp, np  # noqa: E402
+
+from jaxgemm import timing  # noqa: E402
+
+
+def program(text):
+  """The compiled HLO without names and metadata, to compare two programs."""
+  quoted = r'"(?:[^"\\]|\\.)*"'
+  text = re.sub(rf",? ?(metadata|sharding|frontend_attributes)=\{{(?:{quoted}|[^{{}}\"])*\}}", "", text)
+  return re.sub(r"[%\w.-]*\.\d+\b", "x", text.split("ENTRY")[-1])
+
+
+TIMER = timing.Timer(timing.platform_of())
+
+
+def median_ms(f, *args, iters=100):
+  f(*args).block_until_ready()
+  return float(np.median(TIMER.time(f, args, iters)))
+
+
+print(jax.__version__, jax.devices())
+mesh = jax.make_mesh((1,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+k1, k2 = jax.random.split(jax.random.key(0))
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096                  # one_gpu.py [N [BACKEND...]]
+a = jax.random.normal(k1, (n, n), jnp.bfloat16)
+b = jax.random.normal(k2, (n, n), jnp.bfloat16)
+for backend in sys.argv[2:] or ("triton", "pallas", "xla"):
+  f = jax.jit(lambda a, b: jaxgemm.matmul(a, b, backend=backend))
+  try:
+    del LOCAL_PROBLEMS[:]
+    plain = f.lower(a, b).compile()
+    sa, sb = (jax.device_put(x, NamedSharding(mesh, s)) for x, s in ((a, P("d", None)), (b, P())))
+    sharded = f.lower(sa, sb).compile()
+    same = program(plain.as_text()) == program(sharded.as_text())
+    equal = bool(jnp.array_equal(plain(a, b), sharded(sa, sb)))
+    t_plain, t_sharded = median_ms(plain, a, b), median_ms(sharded, sa, sb)
+    t_plain2 = median_ms(plain, a, b)
+    print(f"{backend:7} same program: {same}, equal results: {equal}, "
+          f"median ms unsharded {t_plain:.3f} / {t_plain2:.3f}, 1-device mesh {t_sharded:.3f}, "
+          f"({TIMER.label}), kernel lowered for {sorted(set(s for _, s in LOCAL_PROBLEMS))}")
+  except Exception as e:  # noqa: BLE001
+    print(f"{backend:7} FAILED {type(e).__name__}: {str(e)[:400]}")
