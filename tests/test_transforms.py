@@ -600,8 +600,8 @@ def test_derived_gemms_pass_the_variant_check(kernel, dims, batch):
     for e in iter_eqns(jaxpr):
       if e.primitive is jaxgemm.matmul_p:
         problem = primitive.problem_of(*[v.aval for v in e.invars], **e.params)
-        backend, variant, config = primitive.resolve_kernel(problem, e.params)
-        assert (backend.name, variant) == (kernel.backend, kernel.variant)
-        backend.check(problem, variant, config)
+        c = primitive.resolve_kernel(problem, e.params)
+        assert (c.backend, c.variant) == (kernel.backend, kernel.variant)
+        jaxgemm.registry.get_backend(c.backend).check(problem, c.variant, c.config)
         checked += 1
   assert checked == 3 + 3

@@ -173,8 +173,8 @@ def test_auto_runs_the_tuned_kernel_under_jit_grad_and_vmap(table, rng):
   jaxpr = jax.make_jaxpr(jaxgemm.matmul)(a, b)
   eqn, = [e for e in jaxpr.eqns if e.primitive is primitive.matmul_p]
   assert eqn.params["backend"] == "auto"
-  backend, variant, config = primitive.resolve_kernel(p, eqn.params, "cpu")
-  assert (backend.name, variant, config) == ("triton", "tensorcore", SMALL)
+  c = primitive.resolve_kernel(p, eqn.params, "cpu")
+  assert (c.backend, c.variant, c.config) == ("triton", "tensorcore", SMALL)
 
   ref, bound = matmul_reference(a, b)
   assert_gemm_close(jax.jit(jaxgemm.matmul)(a, b), ref, bound, tolerance(F32), "auto")

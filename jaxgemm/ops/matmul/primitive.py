@@ -68,16 +68,15 @@ def bind(a, b, *, trans_a=False, trans_b=False, out_dtype, acc_dtype,
                        config=config)
 
 
-def resolve_kernel(problem: GemmProblem, params, platform: str | None = None):
-  """(backend, variant, config) for `problem`: the params', or chosen per problem.
+def resolve_kernel(problem: GemmProblem, params, platform: str | None = None) -> dispatch.Choice:
+  """The kernel that runs `problem`: the params' choice, completed per problem.
 
   variant=None and config=None (and backend="auto") are resolved here, by
   `jaxgemm.dispatch.choose`, so that each GEMM of a gradient gets the kernel
   and tiles that suit its own shape.
   """
-  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                           platform=platform)
-  return registry.get_backend(choice.backend, problem.op), choice.variant, choice.config
+  return dispatch.choose(problem, params["backend"], params["variant"], params["config"],
+                         platform=platform)
 
 
 def _lower_choice(ctx, a, b, problem, choice: dispatch.Choice, platform):
@@ -98,8 +97,7 @@ def _lowering(ctx, a, b, *, platform, **params):
     # No kernel for an empty product: K=0 sums nothing, so the answer is zeros.
     impl = lambda a, b: jnp.zeros(problem.out_shape, problem.out_dtype)
     return mlir.lower_fun(impl, multiple_results=False)(ctx, a, b)
-  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                           platform=platform)
+  choice = resolve_kernel(problem, params, platform)
   if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
     return _lower_choice(ctx, a, b, problem, choice, platform)
   try:
