@@ -127,20 +127,41 @@ def test_smem_overflow_is_a_clear_error_before_launch():
                                             config=cfg), a)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
-def test_wide_dtypes_not_implemented(dtype):
-  if dtype == jnp.float64 and not jax.config.jax_enable_x64:
-    p = GemmProblem(1, 64, 64, 64, np.dtype(dtype), np.dtype(dtype), np.dtype(np.float64))
-  else:
-    p = problem(1, 64, 64, 64, dtype)
+def test_float64_not_implemented():
+  p = GemmProblem(1, 64, 64, 64, np.dtype(np.float64), np.dtype(np.float64),
+                  np.dtype(np.float64))
   for variant in pallas.VARIANTS:
     with pytest.raises(NotImplementedError, match="does not support dtype"):
       BACKEND.check(p, variant, BACKEND.default_config(p, variant))
 
 
-def test_auto_falls_through_for_fp32():
-  a = jnp.ones((8, 8), jnp.float32)
-  assert jaxgemm.matmul(a, a).dtype == jnp.float32
+@pytest.mark.parametrize("precision", [jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST])
+def test_fp32_beyond_tf32_points_to_triton(precision):
+  p = dataclasses.replace(problem(1, 64, 64, 64, jnp.float32), precision=(precision,) * 2)
+  for variant in pallas.VARIANTS:
+    with pytest.raises(NotImplementedError, match="TF32 .* use backend='triton'"):
+      BACKEND.check(p, variant, BACKEND.default_config(p, variant))
+
+
+@pytest.mark.parametrize("variant", ["pipelined", "pingpong"])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (True, True)])
+def test_fp32_any_layout_runs_k_major(variant, trans_a, trans_b):
+  """TF32 wgmma reads only K-major operands: every stored layout is brought to it."""
+  p = problem(1, 65, 129, 70, jnp.float32, trans_a=trans_a, trans_b=trans_b)
+  a, b = operands(p, seed=3)
+  out = bind(a, b, p, variant, BACKEND.default_config(p, variant))
+  # On the GPU TF32 rounds the operands to 10 mantissa bits (3e-3, see
+  # tests/gemm_testing.py); the interpreter multiplies in fp32 exactly.
+  tol = 3e-3 if on_gpu() else 1e-5
+  ref = reference(a, b, p)
+  assert np.linalg.norm(np.asarray(out[0], np.float64) - ref) <= tol * np.linalg.norm(ref)
+
+
+def test_fp32_tiles_fill_the_swizzle_span_in_bytes():
+  for variant in pallas.VARIANTS:
+    bf16 = BACKEND.default_config(problem(1, 4096, 4096, 4096), variant)
+    f32 = BACKEND.default_config(problem(1, 4096, 4096, 4096, jnp.float32), variant)
+    assert f32.tile_k * 4 == bf16.tile_k * 2, variant
 
 
 def test_variant_specific_config_errors():

@@ -419,6 +419,26 @@ def run_padded(kernel_fn, a, b, problem, *, out_dtype, exact_out: bool = False):
   return c
 
 
+def k_major_operands(a, b, problem):
+  """(A, B, problem) with both operands K-major when they are 32-bit (TF32 wgmma).
+
+  wgmma multiplies fp32 operands as TF32 and reads them only K-major from
+  shared memory (A stored (M, K), B stored (N, K)): Mosaic GPU raises "Only
+  f16 WGMMA supports transposes" otherwise. An operand stored the other way
+  is transposed once by XLA (one pass over it: 2 x 4 x K x N bytes for B in
+  A @ B, against the GEMM's 2 x M x N x K FLOPs), as Triton's rungs do
+  (`jaxgemm.kernels.triton.matmul.layout`). 16-bit operands pass untouched:
+  wgmma reads them MN-major too.
+  """
+  if jnp.dtype(a.dtype).itemsize != 4:
+    return a, b, problem
+  if problem.trans_a:
+    a = jnp.swapaxes(a, 1, 2)
+  if not problem.trans_b:
+    b = jnp.swapaxes(b, 1, 2)
+  return a, b, dataclasses.replace(problem, trans_a=False, trans_b=True)
+
+
 def cdiv(a: int, b: int) -> int:
   return -(-a // b)
 

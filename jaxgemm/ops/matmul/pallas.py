@@ -39,7 +39,8 @@ _TWO_CONSUMERS = ("warp_specialized", "clusters", "stream_k")
 # Variants launched in 2-CTA clusters.
 _CLUSTERED = ("clusters", "stream_k", "pingpong")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
-_IN_DTYPES = (jnp.bfloat16, jnp.float16)
+# float32 runs as TF32 (precision DEFAULT, jnp.matmul's default on GPU).
+_IN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 
 
@@ -119,6 +120,11 @@ class PallasMatmul(registry.Backend):
 
   def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
     registry.require_dtypes(problem, f"backend='pallas' variant={variant!r}", _IN_DTYPES)
+    if problem.fp32_precision not in (None, "tf32"):
+      raise NotImplementedError(
+          f"backend='pallas' multiplies float32 on TF32 tensor cores (precision DEFAULT); "
+          f"precision HIGH or HIGHEST asks for {problem.fp32_precision!r}: use "
+          f"backend='triton' (variant 'tensorcore' runs 3-pass TF32, 'pipelined' exact fp32)")
     if np.dtype(problem.out_dtype) not in tuple(map(np.dtype, _OUT_DTYPES)):
       raise NotImplementedError(
           f"backend='pallas' writes bfloat16, float16 or float32 results; got "
@@ -179,21 +185,24 @@ class PallasMatmul(registry.Backend):
     """
     m, n = problem.m, problem.n
     skinny = m <= 128
+    # K steps are sized in bytes: an fp32 (TF32) tile of half the depth fills
+    # the same shared memory and the same 128-byte swizzle span as a 16-bit one.
+    k_scale = np.dtype(problem.dtype).itemsize // 2
     if variant in _TWO_CONSUMERS:
-      tile_m, tile_n, tile_k, stages = 256, 128, 64, 4
+      tile_m, tile_n, tile_k, stages = 256, 128, 64 // k_scale, 4
       if skinny:
-        tile_n, tile_k = 64, 128
+        tile_n, tile_k = 64, 128 // k_scale
       if np.dtype(problem.out_dtype).itemsize == 4:
         stages -= 1   # f32 epilogue slots take a stage's room
       tile_m = _pow2_at_least(m, 128, tile_m)
     elif variant == "pingpong":
-      tile_m, tile_n, tile_k, stages = 128, 128, 64, 6
+      tile_m, tile_n, tile_k, stages = 128, 128, 64 // k_scale, 6
       if skinny:
-        tile_n, tile_k = 64, 128
+        tile_n, tile_k = 64, 128 // k_scale
       tile_m = _pow2_at_least(m, 64, tile_m)
     else:
       tile_m, tile_n, stages = 128, 128, 4
-      tile_k = 128 if skinny else 64
+      tile_k = (128 if skinny else 64) // k_scale
       if skinny:
         tile_n = 64
       tile_m = _pow2_at_least(m, 64, tile_m)
@@ -241,7 +250,9 @@ class PallasMatmul(registry.Backend):
     interpret = platform == "cpu"
 
     def pallas_matmul(a, b):
-      return kernel_fn(a, b, problem, config, interpret=interpret)
+      from jaxgemm.kernels.pallas import common  # noqa: PLC0415 (needs Mosaic GPU)
+      a, b, laid_out = common.k_major_operands(a, b, problem)
+      return kernel_fn(a, b, laid_out, config, interpret=interpret)
 
     if not interpret:
       return pallas_matmul
