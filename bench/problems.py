@@ -223,6 +223,43 @@ def _backward():
   return out
 
 
+# ---------------------------------------------------------------- random
+# Problems no one picked: the development set of issue 23 for the heuristics
+# (`random`, fixed seed) and a held-out set drawn the same way with another
+# seed (`random-holdout`), to check on problems the heuristics were not
+# developed on. M, N and K are log-uniform in [1, 16384]; half the problems
+# are aligned (every size a multiple of 64, or a power of two below 64), half
+# take the drawn sizes as they are (most not a multiple of 8); the dtype
+# (bf16, fp16, fp32 at default precision) and each operand's transpose are
+# drawn uniformly.
+RANDOM_SEED, RANDOM_COUNT = 2311, 48
+RANDOM_HOLDOUT_SEED, RANDOM_HOLDOUT_COUNT = 1125, 24
+RANDOM_DTYPES = ("bf16", "fp16", "fp32")
+
+
+def random_problems(suite: str, seed: int, count: int, max_size: int = 16384):
+  """`count` problems drawn as the comment above says, the same for a seed.
+
+  >>> [p.name for p in random_problems("random", 0, 2)]
+  ['r00.484x14x1.bf16.NT', 'r01.7040x384x1216.fp16.TT']
+  """
+  rng = np.random.default_rng(seed)
+  out = []
+  for i in range(count):
+    m, k, n = (int(round(np.exp(rng.uniform(0.0, np.log(max_size))))) for _ in range(3))
+    aligned = bool(rng.integers(2))
+    if aligned:
+      m, k, n = (1 << (x - 1).bit_length() if x < 64 else -(-x // 64) * 64
+                 for x in (m, k, n))
+    dtype = RANDOM_DTYPES[int(rng.integers(len(RANDOM_DTYPES)))]
+    trans_a, trans_b = (bool(t) for t in rng.integers(2, size=2))
+    layout = ("T" if trans_a else "N") + ("T" if trans_b else "N")
+    out.append(_p(suite, f"r{i:02d}.{m}x{k}x{n}.{dtype}.{layout}", m, k, n,
+                  trans_a=trans_a, trans_b=trans_b, dtype=dtype, default=True,
+                  note="aligned" if aligned else "as drawn"))
+  return out
+
+
 # ---------------------------------------------------------------- tiny (CPU)
 # What a machine without a GPU runs: XLA:CPU and the kernels' interpreters.
 
@@ -247,6 +284,9 @@ SUITES: dict[str, list[BenchProblem]] = {
     "skinny": _skinny(),
     "unaligned": _unaligned(),
     "backward": _backward(),
+    "random": random_problems("random", RANDOM_SEED, RANDOM_COUNT),
+    "random-holdout": random_problems("random-holdout", RANDOM_HOLDOUT_SEED,
+                                      RANDOM_HOLDOUT_COUNT),
     "tiny": _tiny(),
 }
 # The training suite is not a table of GEMMs: see training.py.

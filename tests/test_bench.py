@@ -41,9 +41,26 @@ ALL_PROBLEMS = [p for probs in P.SUITES.values() for p in probs]
 
 # ---------------------------------------------------------------- problem tables
 
+def test_random_suites_are_fixed_draws():
+  """The development set is what issue 23 asks for, and the same draw every time."""
+  dev, holdout = P.SUITES["random"], P.SUITES["random-holdout"]
+  assert len(dev) >= 40
+  assert {p.dtype for p in dev} == {"bf16", "fp16", "fp32"}
+  assert {p.layout for p in dev} == {"NN", "NT", "TN", "TT"}
+  assert {p.note for p in dev} == {"aligned", "as drawn"}
+  assert all(1 <= x <= 16384 for p in dev + holdout for x in (p.m, p.k, p.n))
+  assert any(p.m <= 16 for p in dev)
+  assert all(x % 64 == 0 or x & (x - 1) == 0
+             for p in dev if p.note == "aligned" for x in (p.m, p.k, p.n))
+  # Pinned: a numpy that drew differently would silently change the set.
+  assert dev[0].name == "r00.8x256x4.fp16.NN" and dev[47].name == "r47.24x4188x16083.fp32.TN"
+  assert not {(p.m, p.k, p.n) for p in dev} & {(p.m, p.k, p.n) for p in holdout}
+  assert P.random_problems("random", P.RANDOM_SEED, P.RANDOM_COUNT) == dev
+
+
 def test_suites_are_named_and_nonempty():
-  assert set(P.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "tiny",
-                               "training"}
+  assert set(P.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "random",
+                               "random-holdout", "tiny", "training"}
   for name, probs in P.SUITES.items():
     assert probs, name
     assert all(p.suite == name for p in probs)
