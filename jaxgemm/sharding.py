@@ -1,0 +1,548 @@
+"""Sharded ops: each op's primitive partitions like `lax.dot_general` under jit, by one rule.
+
+An op declares how its dimensions relate, as an einsum over named factors
+(matmul: ``"b m k, b k n -> b m n"``), and hands its kernel lowerings to
+`make_partitionable`. From then on, under `jax.jit` on a mesh:
+
+* every factor keeps the mesh axes its operand is sharded on, so no sharded
+  operand is gathered: a factor of the result (batch, M, N) splits the
+  problem into independent local problems, with no communication;
+* a contracted factor (K) that is sharded leaves a partial result on each
+  device: the mechanism adds one `psum` (all-reduce), or a `psum_scatter`
+  (reduce-scatter) where the requested result is sharded on those axes;
+* the kernel lowering runs on each device's LOCAL operands, so the kernel
+  and its tiles are chosen for the local problem.
+
+How: the op's primitive keeps all its rules (abstract eval, JVP, transpose,
+batching: they never see any of this), and its lowering becomes a
+`jax.experimental.custom_partitioning` call of a second primitive,
+``<name>_local``, which carries the kernel lowerings. XLA's partitioner asks
+the rule (Shardy: ``sharding_rule``; GSPMD: ``infer_sharding_from_operands``),
+then calls `partition`, whose function binds ``<name>_local`` on the local
+shards and adds the reduction `plan` asks for. On one device, and inside a
+`shard_map` that is manual over every mesh axis, the local primitive is
+lowered directly, on the whole (or per-shard) operands.
+
+    >>> import jax
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from jaxgemm import sharding
+    >>> rule = sharding.EinsumRule.parse("b m k, b k n -> b m n")
+    >>> rule.reduction
+    ('k',)
+    >>> p = sharding.plan(rule, [P(None, None, "model"), P(None, "model", None)])
+    >>> p.operands, p.result, p.reduce_axes
+    ((P(None, None, 'model'), P(None, 'model', None)), P(None, None, None), ('model',))
+
+What jax keeps private and this module needs is looked up in one place
+(`_internal`), by name, with an error naming the jax version if it moved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import math
+import re
+import threading
+import warnings
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax import lax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+# ---------------------------------------------------------------- jax internals
+
+
+def _internal(module: str, *names: str) -> Any:
+  """A jax internal that has no public name, by the first of `names` that `module` has.
+
+  Every internal the package relies on is looked up here, so a jax upgrade that
+  moves one fails at import with its name, not deep inside a lowering.
+  """
+  mod = importlib.import_module(module)
+  for name in names:
+    if hasattr(mod, name):
+      return getattr(mod, name)
+  raise ImportError(f"jaxgemm.sharding needs {' or '.join(f'{module}.{n}' for n in names)}, "
+                    f"which jax {jax.__version__} does not have (written against jax 0.10.2 "
+                    f"and 0.11.2)")
+
+
+# Primitives whose lowering needs the device assignment (custom_partitioning's
+# does); without it jit lowers with none and it fails ("AssertionError: Please
+# file a bug"). jax's own cuDNN GEMM wrapper registers itself the same way.
+_REQUIRES_DEVICES: set = _internal("jax._src.dispatch", "prim_requires_devices_during_lowering")
+# What lax.dot_general calls before binding: an operand that is invariant over
+# a shard_map axis its partner varies over is cast with `pvary`, whose
+# transpose is the psum the gradient of an invariant operand needs.
+_INSERT_PVARY: Callable = _internal("jax._src.core", "auto_insert_reshard",
+                                    "standard_insert_pvary")
+# How jax's own lowerings constrain a result to the sharding in its type
+# (Explicit mesh axes).
+_CONSTRAIN_TO_TYPE: Callable = _internal("jax._src.interpreters.mlir",
+                                         "lower_with_sharding_in_types")
+# How lax and jnp read an `out_sharding=` argument (a PartitionSpec needs
+# jax.set_mesh; Auto axes are refused), so ours raise the same errors.
+_CANONICALIZE_SHARDING: Callable = _internal("jax._src.sharding_impls", "canonicalize_sharding")
+# Batching rules that receive the vmapped axis's data (its explicit mesh axes).
+AXIS_AWARE_BATCHERS: dict = _internal("jax._src.interpreters.batching",
+                                      "fancy_primitive_batchers")
+
+
+def insert_pvary(*operands):
+  """The operands, each cast to vary over the shard_map axes any other one varies over.
+
+  Call it in an op's bind, as `lax.dot_general` does: under `shard_map` with
+  `check_vma=True`, a weight replicated across the data axis times a varying
+  activation is then typed correctly, and its gradient is psum'd by `pvary`'s
+  transpose. Outside `shard_map` it returns the operands unchanged.
+
+  >>> import jax.numpy as jnp
+  >>> a, b = insert_pvary(jnp.ones(2), jnp.ones(2))
+  """
+  return _INSERT_PVARY(*operands)
+
+
+def canonical_out_sharding(out_sharding, api_name: str) -> NamedSharding | None:
+  """An `out_sharding=` argument as jax's APIs take it: None, or a NamedSharding on
+  the abstract mesh (a PartitionSpec is read against `jax.set_mesh`'s mesh).
+
+  Raises what `jnp.matmul` raises for the same argument: a PartitionSpec outside
+  `jax.set_mesh`, a mesh axis that is not Explicit, another type.
+
+  >>> canonical_out_sharding(None, "matmul") is None
+  True
+  """
+  return _CANONICALIZE_SHARDING(out_sharding, api_name)
+
+
+def with_vmapped_dim(sharding: NamedSharding | None, axis_data, dim: int):
+  """`sharding` (of a batched result) with the vmapped axis inserted at `dim`, sharded
+  on the explicit mesh axes vmap maps it over (as jax's own batching rules do).
+
+  For a batching rule registered in `AXIS_AWARE_BATCHERS`, which receives `axis_data`.
+  """
+  if sharding is None:
+    return None
+  axes = axis_data.explicit_mesh_axis   # None, or a tuple of Explicit mesh axis names
+  entry = None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+  partitions = tuple(sharding.spec) + (None,) * max(0, dim - len(sharding.spec))
+  return sharding.update(spec=sharding.spec.update(
+      partitions=partitions[:dim] + (entry,) + partitions[dim:]))
+
+
+# ---------------------------------------------------------------- the rule
+
+_FACTOR = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class EinsumRule:
+  """How an op's dimensions relate: a factor name per dimension of each operand and
+  of the result. A factor absent from the result is contracted (a reduction: a
+  sharded one leaves partial results to be summed). `replicated` names factors
+  the op cannot split at all (the partitioner gathers them), e.g. a K that an
+  epilogue after the reduction needs whole.
+
+  >>> EinsumRule.parse("b m k, b k n -> b m n")
+  EinsumRule(operands=(('b', 'm', 'k'), ('b', 'k', 'n')), result=('b', 'm', 'n'), replicated=())
+  >>> str(EinsumRule.parse("m k, k n, n -> m n"))   # with a bias over N
+  'm k, k n, n -> m n'
+  """
+
+  operands: tuple[tuple[str, ...], ...]
+  result: tuple[str, ...]
+  replicated: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    object.__setattr__(self, "operands", tuple(tuple(dims) for dims in self.operands))
+    object.__setattr__(self, "result", tuple(self.result))
+    object.__setattr__(self, "replicated", tuple(self.replicated))
+    if not self.operands:
+      raise ValueError(f"EinsumRule needs at least one operand; got operands={self.operands}")
+    factors = set(self.factors)
+    for name in factors | set(self.result) | set(self.replicated):
+      if not isinstance(name, str) or not _FACTOR.match(name):
+        raise ValueError(f"factor {name!r} must be an identifier (letters, digits, _)")
+    if missing := [f for f in self.result if f not in factors]:
+      raise ValueError(f"result factors {missing} must appear in an operand; "
+                       f"operands={self.operands}")
+    if len(set(self.result)) != len(self.result):
+      raise ValueError(f"result={self.result} must name each factor once")
+    if unknown := [f for f in self.replicated if f not in factors]:
+      raise ValueError(f"replicated={self.replicated} must name operand factors; "
+                       f"{unknown} are not among {sorted(factors)}")
+
+  @classmethod
+  def parse(cls, text: str, replicated: Sequence[str] = ()) -> "EinsumRule":
+    """From einsum-like text, factors separated by spaces: ``"b m k, b k n -> b m n"``."""
+    if text.count("->") != 1:
+      raise ValueError(f"rule text={text!r} must read 'operand, operand -> result'")
+    lhs, rhs = text.split("->")
+    return cls(tuple(tuple(part.split()) for part in lhs.split(",")), tuple(rhs.split()),
+               tuple(replicated))
+
+  @property
+  def factors(self) -> tuple[str, ...]:
+    """Every factor, in order of first appearance in the operands."""
+    return tuple(dict.fromkeys(f for dims in self.operands for f in dims))
+
+  @property
+  def reduction(self) -> tuple[str, ...]:
+    """The contracted factors: in an operand, not in the result."""
+    return tuple(f for f in self.factors if f not in self.result)
+
+  def __str__(self):
+    return ", ".join(" ".join(dims) for dims in self.operands) + " -> " + " ".join(self.result)
+
+
+def _axes_of(entry) -> tuple[str, ...]:
+  """The mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
+  if entry is None or entry is P.UNCONSTRAINED:
+    return ()
+  return (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def _entry(axes: Sequence[str]):
+  return None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
+
+
+def _padded(spec, ndim: int) -> tuple:
+  entries = tuple(spec) if spec is not None else ()
+  return entries + (None,) * (ndim - len(entries))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """How one call runs on the mesh.
+
+  factor_axes: the mesh axes that shard each factor (absent: replicated).
+  scatter_dim: the result dimension a reduction is scattered into
+    (reduce-scatter), or None (all-reduce, if anything is reduced).
+  """
+
+  rule: EinsumRule
+  factor_axes: Mapping[str, tuple[str, ...]]
+  scatter_dim: int | None = None
+
+  def spec(self, dims: Sequence[str]) -> P:
+    return P(*(_entry(self.factor_axes.get(f, ())) for f in dims))
+
+  @property
+  def operands(self) -> tuple[P, ...]:
+    """The sharding each operand must have: what it had, less what conflicts."""
+    return tuple(self.spec(dims) for dims in self.rule.operands)
+
+  @property
+  def result(self) -> P:
+    """The local results' sharding, after the reduction."""
+    spec = list(_padded(self.spec(self.rule.result), len(self.rule.result)))
+    if self.scatter_dim is not None:
+      spec[self.scatter_dim] = _entry(self.reduce_axes)
+    return P(*spec)
+
+  @property
+  def reduce_axes(self) -> tuple[str, ...]:
+    """The mesh axes the local results are summed over: those of the sharded reductions."""
+    return tuple(a for f in self.rule.reduction for a in self.factor_axes.get(f, ()))
+
+
+def plan(rule: EinsumRule, operand_specs: Sequence[P | None], result_spec: P | None = None,
+         *, result_shape: Sequence[int] | None = None,
+         axis_sizes: Mapping[str, int] | None = None) -> Plan:
+  """How to run `rule` on operands sharded as `operand_specs`, with no gather of a
+  sharded operand.
+
+  Each factor takes the mesh axes of the first operand dimension that shards it;
+  a mesh axis shards one factor only (a later use that conflicts is dropped:
+  that operand is resharded to the plan). Factors in `rule.replicated` are not
+  sharded. A sharded reduction factor leaves partial results: they are summed
+  over its axes, and scattered (reduce-scatter) into the result dimension that
+  `result_spec` shards on exactly those axes, if one does (and, when
+  `result_shape` and `axis_sizes` are given, divides evenly). A result factor
+  no operand shards takes the axes `result_spec` gives it, where they are free:
+  the operands are then sliced locally, not communicated.
+
+  >>> from jax.sharding import PartitionSpec as P
+  >>> rule = EinsumRule.parse("m k, k n -> m n")
+  >>> plan(rule, [P("d", None), P()]).result          # data parallel: rows split
+  P('d', None)
+  >>> p = plan(rule, [P(None, "d"), P("d", None)], P("d", None))   # K split, M out
+  >>> p.reduce_axes, p.scatter_dim, p.result
+  (('d',), 0, P('d', None))
+  """
+  if len(operand_specs) != len(rule.operands):
+    raise ValueError(f"operand_specs has {len(operand_specs)} entries; "
+                     f"rule {rule} takes {len(rule.operands)} operands")
+  factor_axes: dict[str, tuple[str, ...]] = {}
+  used: set[str] = set()
+
+  def claim(factor, axes):
+    if axes and factor not in factor_axes and factor not in rule.replicated \
+        and not used & set(axes):
+      factor_axes[factor] = axes
+      used.update(axes)
+
+  for dims, spec in zip(rule.operands, operand_specs):
+    for factor, entry in zip(dims, _padded(spec, len(dims))):
+      claim(factor, _axes_of(entry))
+
+  result_entries = _padded(result_spec, len(rule.result))
+  reduce_axes = tuple(a for f in rule.reduction for a in factor_axes.get(f, ()))
+  scatter_dim = None
+  if reduce_axes:
+    for dim, (factor, entry) in enumerate(zip(rule.result, result_entries)):
+      if factor in factor_axes or _axes_of(entry) != reduce_axes:
+        continue
+      shards = math.prod(axis_sizes[a] for a in reduce_axes) if axis_sizes else 1
+      if result_shape is not None and result_shape[dim] % shards:
+        continue   # psum_scatter(tiled=True) needs equal pieces
+      scatter_dim = dim
+      break
+  for dim, (factor, entry) in enumerate(zip(rule.result, result_entries)):
+    if dim != scatter_dim:
+      claim(factor, _axes_of(entry))
+  return Plan(rule, factor_axes, scatter_dim)
+
+
+# ---------------------------------------------------------------- recording
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalLowering:
+  """One kernel lowering: the op, its operands' local shapes, and the problem they make."""
+
+  op: str
+  shapes: tuple[tuple[int, ...], ...]
+  problem: Any   # the op's Problem (jaxgemm.ops.base.Problem)
+
+
+_recorders: list[list[LocalLowering]] = []
+_recorders_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording_local_problems() -> Iterator[list[LocalLowering]]:
+  """Collects every kernel lowering of a partitionable op while the context is open:
+  the local problem each device's kernel is chosen for.
+
+  Lowering happens when a program is compiled (XLA's partitioner calls back for
+  the local problems), and only once per program: compile inside the context.
+
+  >>> import jax, jax.numpy as jnp, jaxgemm
+  >>> with recording_local_problems() as seen:
+  ...   _ = jax.jit(lambda a: jaxgemm.matmul(a, a, backend="xla")).lower(jnp.ones((4, 4))).compile()
+  >>> [x.problem.describe() for x in seen]
+  ['1x(4x4 @ 4x4) NN float32->float32']
+  """
+  seen: list[LocalLowering] = []
+  with _recorders_lock:
+    _recorders.append(seen)
+  try:
+    yield seen
+  finally:
+    with _recorders_lock:
+      _recorders.remove(seen)
+
+
+def _record(op_primitive, avals, params):
+  if not _recorders:
+    return
+  from jaxgemm import registry  # noqa: PLC0415 (registry imports the ops; avoid the cycle)
+  op = registry.op_of_primitive(op_primitive)
+  problem = None if op is None else op.problem_of(avals, params)
+  entry = LocalLowering(op_primitive.name, tuple(tuple(a.shape) for a in avals), problem)
+  with _recorders_lock:
+    for seen in _recorders:
+      seen.append(entry)
+
+
+# ---------------------------------------------------------------- the mechanism
+
+# An op's hook to run its local problem: (bind_local, operands, params, plan) ->
+# result. The default binds the local primitive; an op overrides it to compute
+# what depends on the device's place in the mesh, e.g. a grouped GEMM's
+# group_offset from lax.axis_index(plan.factor_axes["g"]).
+LocalCall = Callable[[Callable[..., Any], Sequence[Any], dict, Plan], Any]
+
+
+def _bind_local(bind_local, operands, params, plan):
+  del plan
+  return bind_local(*operands, **params)
+
+
+def _global_params_dropped(params: Mapping[str, Any]) -> dict:
+  """The params for the local call: `out_sharding` names the global result's type,
+  which the local result (another shape, inside the partitioned program) does not have."""
+  return {**params, "out_sharding": None} if "out_sharding" in params else dict(params)
+
+
+def _is_partly_manual(axis_context) -> bool:
+  """Inside a shard_map that is manual over some mesh axes only."""
+  manual = getattr(axis_context, "manual_axes", None)   # SPMDAxisContext only
+  return bool(manual) and set(manual) != set(axis_context.mesh.axis_names)
+
+
+def _mesh_for_callbacks(axis_context):
+  """The Mesh custom_partitioning should name its callbacks' shardings with, where
+  it finds none itself, or None.
+
+  It takes the abstract mesh jit found on a NamedSharding of a concrete Mesh
+  (operands, results, constraints), else the mesh of `with mesh:`. A program
+  whose only shardings are in types (numpy operands and an `out_sharding`, with
+  Explicit axes) gives it neither, and its callbacks would get shardings without
+  a spec. Then the context mesh (`jax.set_mesh`) on the program's devices is it.
+  """
+  devices = getattr(axis_context, "device_assignment", None)   # ShardingContext only
+  mesh = jax.sharding.get_abstract_mesh()
+  if getattr(axis_context, "abstract_mesh", 0) is None and devices and \
+      not mesh.empty and mesh.size == len(devices):
+    return jax.sharding.Mesh(np.array(devices).reshape(mesh.axis_sizes), mesh.axis_names)
+  return None
+
+
+@contextlib.contextmanager
+def _entered(mesh):
+  if mesh is None:
+    yield
+    return
+  with warnings.catch_warnings():
+    # "`with mesh:` is deprecated": custom_partitioning still reads it (0.10.2, 0.11.2).
+    warnings.simplefilter("ignore", DeprecationWarning)
+    with mesh:
+      yield
+
+
+def _spec_of(arg, what: str) -> P:
+  spec = getattr(arg.sharding, "spec", None)
+  if spec is None:
+    raise RuntimeError(
+        f"jaxgemm: the partitioner gave {what} the sharding {arg.sharding!r}, which names no "
+        f"mesh axes. Run the program under `jax.set_mesh(mesh)` or shard its inputs with a "
+        f"NamedSharding on a concrete Mesh.")
+  return spec
+
+
+def _zero_padding(x, dims: Sequence[str], factor_axes, factor_sizes, axis_sizes):
+  """`x` with the padding of unevenly sharded reduction factors set to zero.
+
+  XLA pads a dimension that does not divide among the devices, and what the
+  padding holds is unspecified: summed over K, it would be added to the result
+  (K=36 over 8 devices, operands computed on the shards: off by 1.0 unmasked).
+  """
+  for dim, factor in enumerate(dims):
+    axes = factor_axes.get(factor, ())
+    if not axes:
+      continue
+    shards = math.prod(axis_sizes[a] for a in axes)
+    size = factor_sizes[factor]
+    if size % shards == 0:
+      continue
+    local = x.shape[dim]
+    start = lax.axis_index(axes if len(axes) > 1 else axes[0]) * local
+    index = lax.broadcasted_iota(np.int32, x.shape, dim) + start
+    x = lax.select(index < size, x, lax.full_like(x, 0))
+  return x
+
+
+def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
+                       kernel_lowerings: Mapping[str, Callable], *,
+                       local_call: LocalCall = _bind_local) -> Primitive:
+  """Make `primitive` partition by the rule `rule_of(**params)` returns; returns the
+  local primitive that now carries `kernel_lowerings`.
+
+  Args:
+    primitive: the op's primitive, with its abstract eval (which should carry the
+      result's sharding in its type, as `lax.dot_general`'s does) and its JVP,
+      transpose and batching rules; they are untouched.
+    rule_of: the op's params -> its `EinsumRule` (it may depend on them: a
+      transpose flag permutes an operand's factors).
+    kernel_lowerings: platform -> the op's kernel lowering rule, which chooses the
+      kernel for the shapes it is given. They are registered on a new primitive,
+      ``<name>_local``, and `primitive`'s lowering on each platform becomes the
+      partitioned one.
+    local_call: the op's hook to run its local problem (see `LocalCall`).
+
+  A param named ``out_sharding`` is taken to be the global result's sharding and
+  is None in the local call.
+
+  Example (what `jaxgemm/ops/matmul/primitive.py` does):
+
+    matmul_local_p = make_partitionable(
+        matmul_p, lambda *, trans_a, trans_b, **_: EinsumRule.parse(...),
+        {"cpu": cpu_lowering, "cuda": cuda_lowering})
+  """
+  local_p = Primitive(primitive.name + "_local")
+  local_p.multiple_results = primitive.multiple_results
+  local_p.def_abstract_eval(lambda *avals, **params: primitive.abstract_eval(*avals, **params)[0])
+  for platform, kernel_lowering in kernel_lowerings.items():
+    def recorded(ctx, *operands, _kernel_lowering=kernel_lowering, **params):
+      _record(primitive, ctx.avals_in, params)
+      return _kernel_lowering(ctx, *operands, **params)
+    mlir.register_lowering(local_p, recorded, platform=platform)
+
+  def local(params, *operands):
+    return local_p.bind(*operands, **dict(params))
+
+  def partition(params, mesh, arg_shapes, result_shape):
+    params = dict(params)
+    rule = rule_of(**params)
+    the_plan = plan(rule, [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)],
+                    _spec_of(result_shape, "the result"), result_shape=result_shape.shape,
+                    axis_sizes=dict(mesh.shape))
+    factor_sizes = {f: x.shape[d] for dims, x in zip(rule.operands, arg_shapes)
+                    for d, f in enumerate(dims)}
+    local_params = _global_params_dropped(params)
+
+    def lower_fn(*operands):   # on each device's shards
+      operands = [_zero_padding(x, dims, the_plan.factor_axes, factor_sizes, dict(mesh.shape))
+                  if set(dims) & set(rule.reduction) else x
+                  for x, dims in zip(operands, rule.operands)]
+      out = local_call(local_p.bind, operands, local_params, the_plan)
+      if the_plan.scatter_dim is not None:
+        return lax.psum_scatter(out, the_plan.reduce_axes, scatter_dimension=the_plan.scatter_dim,
+                                tiled=True)
+      return lax.psum(out, the_plan.reduce_axes) if the_plan.reduce_axes else out
+
+    return (mesh, lower_fn, NamedSharding(mesh, the_plan.result),
+            tuple(NamedSharding(mesh, s) for s in the_plan.operands))
+
+  def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):   # GSPMD
+    the_plan = plan(rule_of(**dict(params)),
+                    [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)])
+    return NamedSharding(mesh, the_plan.result)
+
+  def sharding_rule(params, mesh, operand_types, result_types):   # Shardy
+    rule = rule_of(**dict(params))
+    return str(rule), dict(reduction_factors=rule.reduction,
+                           need_replication_factors=rule.replicated)
+
+  partitioned = custom_partitioning(local, static_argnums=(0,))
+  partitioned.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
+                            sharding_rule=sharding_rule)
+
+  def lowering(ctx, *operands, **params):
+    axis_context = ctx.module_context.axis_context
+    if _is_partly_manual(axis_context):
+      # A shard_map manual over some axes only: shardings returned without the
+      # manual subgroup abort XLA ("Check failed: ... IsManualSubgroup()"), so
+      # the kernel runs on what the partitioner gives it (auto axes gathered).
+      return mlir.lower_fun(local_p.bind, multiple_results=local_p.multiple_results)(
+          ctx, *operands, **params)
+    static = tuple(sorted(params.items()))
+    call = lambda *xs: partitioned(static, *xs)
+    with _entered(_mesh_for_callbacks(axis_context)):
+      outs = mlir.lower_fun(call, multiple_results=primitive.multiple_results)(ctx, *operands)
+    # As jax's own lowerings do: with Explicit axes, the result keeps its type's sharding.
+    return [_CONSTRAIN_TO_TYPE(ctx, out, aval) for out, aval in zip(outs, ctx.avals_out)]
+
+  for platform in kernel_lowerings:
+    mlir.register_lowering(primitive, lowering, platform=platform)
+  _REQUIRES_DEVICES.add(primitive)
+  return local_p
