@@ -311,6 +311,20 @@ def plan(rule: EinsumRule, operand_specs: Sequence[P | None], result_spec: P | N
   return Plan(rule, factor_axes, scatter_dim)
 
 
+def shardy_rule(rule: EinsumRule) -> tuple[str, dict]:
+  """`rule` as custom_partitioning's `sharding_rule` callback returns it to Shardy.
+
+  A factor may be in one of Shardy's sets only: one that is never sharded is
+  "need replication", not also a reduction.
+
+  >>> shardy_rule(EinsumRule.parse("m k, k n, s -> m n", replicated=("s",)))
+  ('m k, k n, s -> m n', {'reduction_factors': ('k',), 'need_replication_factors': ('s',)})
+  """
+  return str(rule), dict(
+      reduction_factors=tuple(f for f in rule.reduction if f not in rule.replicated),
+      need_replication_factors=rule.replicated)
+
+
 # ---------------------------------------------------------------- recording
 
 
@@ -519,9 +533,7 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
     return NamedSharding(mesh, the_plan.result)
 
   def sharding_rule(params, mesh, operand_types, result_types):   # Shardy
-    rule = rule_of(**dict(params))
-    return str(rule), dict(reduction_factors=rule.reduction,
-                           need_replication_factors=rule.replicated)
+    return shardy_rule(rule_of(**dict(params)))
 
   partitioned = custom_partitioning(local, static_argnums=(0,))
   partitioned.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
