@@ -1,9 +1,11 @@
 """Public API: `matmul` (jnp.matmul's contract) and `dot_general` (lax's).
 
-Both reduce the call to the canonical `matmul_p` form (3-D operands with
-transpose flags) without copying operands wherever a reshape suffices, choose
-the kernel (`backend`, `variant`, `config`) once, up front, and check it
-against the problem before anything is traced or compiled.
+Both reduce the call to the canonical `matmul_p` form (batch, M, K and N as
+contiguous groups of dimensions, with transpose flags) without copying or
+reshaping operands (a broadcast batch is the one copy, as in jnp), choose the
+kernel (`backend`, `variant`, `config`) once, up front, and check it against
+the problem before anything is traced or compiled. Without reshapes, a
+sharded dimension stays a dimension that XLA's partitioner can keep split.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxgemm import dispatch, registry
+from jaxgemm import dispatch, registry, sharding
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops.matmul.primitive import bind
 from jaxgemm.ops.matmul.problem import GemmProblem
@@ -78,7 +80,7 @@ def _dtypes(lhs, rhs, preferred_element_type):
   return np.dtype(dtype), np.dtype(out_dtype)
 
 
-def _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type):
+def _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type, out_sharding):
   """(operand dtype for the kernels or None, result dtype), as lax.dot_general has them.
 
   lax takes mixed operand dtypes in any promotion mode (float32 x bfloat16
@@ -90,7 +92,8 @@ def _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type):
   """
   out_dtype = np.dtype(jax.eval_shape(
       lambda l, r: lax.dot_general(l, r, dimension_numbers,
-                                   preferred_element_type=preferred_element_type),
+                                   preferred_element_type=preferred_element_type,
+                                   out_sharding=out_sharding),
       lhs, rhs).dtype)
   if lhs.dtype == rhs.dtype:
     return np.dtype(lhs.dtype), out_dtype
@@ -115,8 +118,9 @@ def _problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b, precision):
                      precision), None
 
 
-def matmul(a, b, *, precision=None, preferred_element_type=None, backend: str = "auto",
-           variant: str | None = None, config: KernelConfig | None = None) -> jax.Array:
+def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=None,
+           backend: str = "auto", variant: str | None = None,
+           config: KernelConfig | None = None) -> jax.Array:
   """`jnp.matmul` on jaxgemm's kernels: same results, dtypes, shapes and errors.
 
   Args:
@@ -127,6 +131,10 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, backend: str = 
       HIGH) exact fp32.
     preferred_element_type: the result dtype (accumulation is float32, or
       float64 for float64 problems).
+    out_sharding: the result's sharding on a mesh with Explicit axes (a
+      NamedSharding, or a PartitionSpec under `jax.set_mesh`), as for
+      `jnp.matmul`; needed where K is sharded and the result's sharding is
+      ambiguous. None: the rule's (see README, "Sharding").
     backend: "auto" (the fastest known choice; `lax.dot_general` for whatever
       the kernels do not take), or one of `jaxgemm.backends()`.
     variant: a kernel of the backend, one of `jaxgemm.variants(backend)`;
@@ -148,40 +156,43 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, backend: str = 
       raise ValueError(f"matmul input operand {i} must have ndim at least 1, "
                        f"but it has ndim {x.ndim}")
   dtype, out_dtype = _dtypes(a, b, preferred_element_type)
+  out_sharding = sharding.canonical_out_sharding(out_sharding, "matmul")
 
-  a2 = a[None, :] if a.ndim == 1 else a
-  b2 = b[:, None] if b.ndim == 1 else b
-  (m, k), (k_b, n) = a2.shape[-2:], b2.shape[-2:]
+  # A 1-D operand contributes no M (N) dimension: an empty group, not a unit one.
+  m_dims = a.shape[-2:-1] if a.ndim > 1 else ()
+  n_dims = b.shape[-1:] if b.ndim > 1 else ()
+  a_batch, b_batch = a.shape[:-2], b.shape[:-2]
+  k, k_b = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
   if k != k_b:
     raise TypeError(f"matmul contracting dimensions differ: a.shape={a.shape} has "
                     f"K={k}, b.shape={b.shape} has K={k_b}")
   try:
-    batch_shape = jnp.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    batch_shape = jnp.broadcast_shapes(a_batch, b_batch)
   except ValueError as e:
     raise ValueError(f"matmul batch dimensions do not broadcast: a.shape={a.shape}, "
                      f"b.shape={b.shape}") from e
-  out_shape = (*batch_shape, *((m,) if a.ndim > 1 else ()), *((n,) if b.ndim > 1 else ()))
 
-  # b shared across the batch (as in x @ W): fold a's batch into M, one GEMM.
-  b_is_shared = math.prod(b2.shape[:-2]) == 1
+  # b shared across the batch (as in x @ W): a's batch dimensions join M, one
+  # GEMM with no copy of b.
+  b_is_shared = math.prod(b_batch) == 1
+  m, n = math.prod(m_dims), math.prod(n_dims)
   batch = 1 if b_is_shared else math.prod(batch_shape)
   rows = m * math.prod(batch_shape) if b_is_shared else m
   problem, why_not = _problem(batch, rows, n, k, dtype, out_dtype, False, False, precision)
   route = _route(problem, backend, variant, config, why_not)
   if route is None:
-    return jnp.matmul(a, b, precision=precision,
-                      preferred_element_type=preferred_element_type)
+    return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type,
+                      out_sharding=out_sharding)
 
-  a2, b2 = a2.astype(dtype), b2.astype(dtype)
+  a3 = jnp.broadcast_to(a.astype(dtype), (*batch_shape, *m_dims, k))
   if b_is_shared:
-    a3 = jnp.broadcast_to(a2, (*batch_shape, m, k)).reshape(1, rows, k)
-    b3 = b2.reshape(1, k, n)
+    b3 = b.astype(dtype).reshape(k, *n_dims)   # drops b's unit batch dimensions only
+    ndims = (0, len(batch_shape) + len(m_dims), 1, len(n_dims))
   else:
-    a3 = jnp.broadcast_to(a2, (*batch_shape, m, k)).reshape(batch, m, k)
-    b3 = jnp.broadcast_to(b2, (*batch_shape, k, n)).reshape(batch, k, n)
-  out = bind(a3, b3, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
-             precision=problem.precision, **route)
-  return out.reshape(out_shape)
+    b3 = jnp.broadcast_to(b.astype(dtype), (*batch_shape, k, *n_dims))
+    ndims = (len(batch_shape), len(m_dims), 1, len(n_dims))
+  return bind(a3, b3, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
+              precision=problem.precision, ndims=ndims, out_sharding=out_sharding, **route)
 
 
 def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):
@@ -189,8 +200,8 @@ def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):
 
   It fits when batch dimensions lead both operands in the same order, each side
   contracts exactly one dimension, and that dimension sits at either end of the
-  side's remaining (free) dimensions, so that the free dimensions flatten into
-  M (or N) with a reshape and the contracting position becomes a transpose flag.
+  side's remaining (free) dimensions, so that the free dimensions are one
+  contiguous group, M (or N), and the contracting position a transpose flag.
   """
   (lc, rc), (lb, rb) = dimension_numbers
   lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
@@ -227,7 +238,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   Dimension numbers whose batch dimensions lead both operands and which
   contract one dimension at either end of each side run on `matmul_p`;
   others run on `lax.dot_general` under backend="auto" and raise
-  NotImplementedError for a named backend.
+  NotImplementedError for a named backend. `out_sharding` is lax's: the
+  result's sharding on a mesh with Explicit axes.
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm
@@ -254,7 +266,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                       f"{lsizes} at {tuple(ldims)}, rhs.shape={rhs.shape} has {rsizes} "
                       f"at {tuple(rdims)}")
 
-  dtype, out_dtype = _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type)
+  out_sharding = sharding.canonical_out_sharding(out_sharding, "dot_general")
+  # lax's own checks run here too: with Explicit mesh axes, a sharded K and no
+  # out_sharding raises its ShardingTypeError.
+  dtype, out_dtype = _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type,
+                                 out_sharding)
   if preferred_element_type is None:
     preferred_element_type = out_dtype
   layout, why_not = _dot_general_layout(lhs.shape, rhs.shape, dimension_numbers)
@@ -262,8 +278,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     layout, why_not = None, (f"the kernels need one operand dtype, and {lhs.dtype} x "
                              f"{rhs.dtype} promote to none")
   problem = None
-  if layout is not None and out_sharding is not None:
-    layout, why_not = None, "out_sharding is not supported"
   if layout is not None:
     trans_a, trans_b, batch_dims, m_dims, n_dims = layout
     batch = math.prod(lhs.shape[d] for d in batch_dims)
@@ -276,10 +290,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type,
                            out_sharding=out_sharding)
-  a3 = lhs.astype(dtype).reshape(problem.a_shape)
-  b3 = rhs.astype(dtype).reshape(problem.b_shape)
-  out = bind(a3, b3, trans_a=trans_a, trans_b=trans_b, out_dtype=out_dtype,
-             acc_dtype=problem.acc_dtype, precision=problem.precision, **route)
-  out_shape = (*(lhs.shape[d] for d in batch_dims), *(lhs.shape[d] for d in m_dims),
-               *(rhs.shape[d] for d in n_dims))
-  return out.reshape(out_shape)
+  # matmul_p's result is dot_general's: batch, then lhs's free, then rhs's free dims.
+  return bind(lhs.astype(dtype), rhs.astype(dtype), trans_a=trans_a, trans_b=trans_b,
+              out_dtype=out_dtype, acc_dtype=problem.acc_dtype, precision=problem.precision,
+              ndims=(len(batch_dims), len(m_dims), 1, len(n_dims)), out_sharding=out_sharding,
+              **route)
