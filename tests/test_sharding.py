@@ -1,0 +1,282 @@
+"""Sharding: the rule mechanism (`jaxgemm.sharding`), real kernels on a 1-device mesh,
+and, in a process of its own, the 8-device tests (`tests/sharding_on_8_devices.py`).
+
+This process has one device (the suite's). What runs here with the real interpreted
+Triton kernel: a sharded program on a 1-device mesh (Auto and Explicit axes, grad) and
+a shard_map with check_vma=True (grad). On 8 devices the kernels cannot run interpreted
+(see sharding_on_8_devices.py): there `backend="xla"` and the recorded local problems
+show what each kernel would get.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import jaxgemm
+from conftest import SESSION_SEED
+from gemm_testing import assert_gemm_close, matmul_reference, random_array, tolerance
+from jaxgemm import sharding
+from jaxgemm.ops.matmul import primitive
+
+F32 = np.float32
+HIGHEST = lax.Precision.HIGHEST
+MATMUL = sharding.EinsumRule.parse("m k, k n -> m n")
+EIGHT_DEVICE_TESTS = pathlib.Path(__file__).with_name("sharding_on_8_devices.py")
+
+
+# ---------------------------------------------------------------- 8 devices
+
+
+def test_on_8_host_devices():
+  """Runs tests/sharding_on_8_devices.py with 8 host CPU devices, in its own process
+  (XLA_FLAGS is read once, when jax starts), with this session's seed."""
+  env = dict(os.environ, JAXGEMM_TEST_SEED=str(SESSION_SEED), TF_CPP_MIN_LOG_LEVEL="2",
+             XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS"),
+                                              "--xla_force_host_platform_device_count=8"])))
+  run = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EIGHT_DEVICE_TESTS)],
+      cwd=EIGHT_DEVICE_TESTS.parent.parent, env=env, capture_output=True, text=True,
+      timeout=540)
+  output = run.stdout + run.stderr
+  summary = output.strip().splitlines()[-1] if output.strip() else "(no output)"
+  print(f"{EIGHT_DEVICE_TESTS.name}: {summary}")
+  assert run.returncode == 0, f"{EIGHT_DEVICE_TESTS.name} failed:\n{output[-12000:]}"
+  assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+
+
+# ---------------------------------------------------------------- the rule
+
+
+def test_rule_parses_einsum_text_and_names_its_reduction():
+  rule = sharding.EinsumRule.parse("b m k, b k n, n -> b m n", replicated=("k",))
+  assert rule.operands == (("b", "m", "k"), ("b", "k", "n"), ("n",))
+  assert rule.result == ("b", "m", "n")
+  assert rule.reduction == ("k",)
+  assert str(rule) == "b m k, b k n, n -> b m n"
+
+
+@pytest.mark.parametrize("text, replicated, match", [
+    ("m k, k n", (), "must read 'operand, operand -> result'"),
+    ("m k, k n -> m x", (), r"result factors \['x'\] must appear in an operand"),
+    ("m k, k n -> m m", (), "must name each factor once"),
+    ("m k-1, k n -> m n", (), "must be an identifier"),
+    ("m k, k n -> m n", ("q",), r"replicated=\('q',\) must name operand factors"),
+])
+def test_rule_errors_name_the_argument(text, replicated, match):
+  with pytest.raises(ValueError, match=match):
+    sharding.EinsumRule.parse(text, replicated=replicated)
+
+
+def test_shardy_gets_each_factor_in_one_set():
+  """Shardy refuses a factor that is both a reduction and never sharded."""
+  convert = sharding._internal("jax._src.custom_partitioning_sharding_rule",
+                               "str_to_sdy_sharding_rule")
+  rule = sharding.EinsumRule.parse("m k, g k n, s -> m n", replicated=("s",))
+  text, factors = sharding.shardy_rule(rule)
+  assert factors == dict(reduction_factors=("k", "g"), need_replication_factors=("s",))
+  convert(text, **factors)   # raises on a factor in two sets
+
+
+@pytest.mark.parametrize("flags, ndims, text", [
+    ((False, False), (1, 1, 1, 1), "b m k, b k n -> b m n"),
+    ((True, False), (1, 1, 1, 1), "b k m, b k n -> b m n"),
+    ((False, True), (1, 1, 1, 1), "b m k, b n k -> b m n"),
+    ((True, True), (0, 1, 1, 1), "k m, n k -> m n"),
+    ((False, False), (2, 2, 1, 0), "b0 b1 m0 m1 k, b0 b1 k -> b0 b1 m0 m1"),
+])
+def test_matmul_p_declares_its_einsum(flags, ndims, text):
+  """matmul_p's rule permutes with the transpose flags and spans each group's dims."""
+  rule = primitive.sharding_rule(trans_a=flags[0], trans_b=flags[1], ndims=ndims)
+  assert str(rule) == text
+
+
+# ---------------------------------------------------------------- plan()
+
+
+@pytest.mark.parametrize("a, b, result, operands, reduce_axes", [
+    (P("d", None), P(), P("d", None), (P("d", None), P(None, None)), ()),          # M
+    (P(), P(None, "d"), P(None, "d"), (P(None, None), P(None, "d")), ()),          # N
+    (P(None, "d"), P("d", None), P(None, None), (P(None, "d"), P("d", None)), ("d",)),   # K
+    # K sharded in one operand only: the other is sliced to match (no gather).
+    (P(None, "d"), P(), P(None, None), (P(None, "d"), P("d", None)), ("d",)),
+    # data x model: M over data, N over model, K whole.
+    (P("data", None), P(None, "model"), P("data", "model"),
+     (P("data", None), P(None, "model")), ()),
+    # K over both axes of a 2-D mesh: one reduction over both.
+    (P(None, ("x", "y")), P(("x", "y"), None), P(None, None),
+     (P(None, ("x", "y")), P(("x", "y"), None)), ("x", "y")),
+], ids=["M", "N", "K", "K in a only", "2-D mesh", "K over two axes"])
+def test_plan_keeps_every_operand_sharding(a, b, result, operands, reduce_axes):
+  p = sharding.plan(MATMUL, [a, b])
+  assert (p.operands, p.result, p.reduce_axes, p.scatter_dim) == (
+      operands, result, reduce_axes, None)
+
+
+def test_plan_gives_a_mesh_axis_to_one_factor_only():
+  """a's M and b's N both on 'd': M (first) keeps it, b is resharded (replicated on N)."""
+  p = sharding.plan(MATMUL, [P("d", None), P(None, "d")])
+  assert p.operands == (P("d", None), P(None, None)) and p.result == P("d", None)
+  # The same factor on different axes in two operands: the first operand's wins.
+  p = sharding.plan(MATMUL, [P(None, "x"), P("y", None)])
+  assert p.operands == (P(None, "x"), P("x", None)) and p.reduce_axes == ("x",)
+
+
+@pytest.mark.parametrize("result_spec, scatter_dim, result", [
+    (P("d", None), 0, P("d", None)),
+    (P(None, "d"), 1, P(None, "d")),
+    (P(None, None), None, P(None, None)),
+    (P("e", None), None, P("e", None)),   # another axis: rows split there, then all-reduce
+])
+def test_plan_scatters_a_reduction_into_the_result_sharding(result_spec, scatter_dim, result):
+  p = sharding.plan(MATMUL, [P(None, "d"), P("d", None)], result_spec)
+  assert (p.reduce_axes, p.scatter_dim, p.result) == (("d",), scatter_dim, result)
+
+
+def test_plan_scatters_only_into_a_dimension_that_divides():
+  """psum_scatter(tiled=True) needs equal pieces: 60 rows over 8 devices all-reduce."""
+  specs = [P(None, "d"), P("d", None)]
+  uneven = sharding.plan(MATMUL, specs, P("d", None), result_shape=(60, 48),
+                         axis_sizes={"d": 8})
+  even = sharding.plan(MATMUL, specs, P("d", None), result_shape=(64, 48), axis_sizes={"d": 8})
+  assert (uneven.scatter_dim, even.scatter_dim) == (None, 0)
+  assert uneven.result == P(None, None)
+
+
+def test_plan_splits_replicated_operands_where_the_result_is_sharded():
+  """A result factor no operand shards takes the result's axes: each device computes
+  its block from locally sliced operands instead of the whole product."""
+  p = sharding.plan(MATMUL, [P(), P()], P(None, "d"))
+  assert p.operands == (P(None, None), P(None, "d")) and p.result == P(None, "d")
+
+
+def test_plan_leaves_replicated_factors_whole():
+  """A factor the op cannot split (an epilogue after the reduction) is gathered."""
+  rule = sharding.EinsumRule.parse("m k, k n -> m n", replicated=("k",))
+  p = sharding.plan(rule, [P("d", "e"), P("e", None)])
+  assert p.operands == (P("d", None), P(None, None)) and p.reduce_axes == ()
+
+
+def test_plan_checks_the_operand_count():
+  with pytest.raises(ValueError, match="operand_specs has 1 entries; rule m k, k n -> m n "
+                                       "takes 2 operands"):
+    sharding.plan(MATMUL, [P()])
+
+
+def test_vmapped_dim_is_inserted_with_its_explicit_axes():
+  mesh = jax.sharding.AbstractMesh((1, 1), ("d", "e"), axis_types=(AxisType.Explicit,) * 2)
+  s = NamedSharding(mesh, P("e", None))
+  mapped = lambda axes: types.SimpleNamespace(explicit_mesh_axis=axes)
+  assert sharding.with_vmapped_dim(s, mapped(("d",)), 1).spec == P("e", "d", None)
+  assert sharding.with_vmapped_dim(s, mapped(None), 0).spec == P(None, "e", None)
+  assert sharding.with_vmapped_dim(None, mapped(("d",)), 0) is None
+
+
+# ---------------------------------------------------------------- API arguments
+
+
+def test_out_sharding_is_read_as_jnp_reads_it():
+  """A PartitionSpec needs jax.set_mesh; Auto axes cannot be named: jnp's errors."""
+  a, b = jnp.ones((8, 4)), jnp.ones((4, 8))
+  for call in (jnp.matmul, jaxgemm.matmul):
+    with pytest.raises(ValueError, match="PartitionSpec when you are not under a mesh"):
+      call(a, b, out_sharding=P("d"))
+  auto = jax.make_mesh((1,), ("d",), axis_types=(AxisType.Auto,))
+  with jax.set_mesh(auto):
+    for call in (jnp.matmul, jaxgemm.matmul):
+      with pytest.raises(ValueError, match="cannot contain axis names that are of type Auto"):
+        call(a, b, out_sharding=P("d"))
+
+
+# ---------------------------------------------------------------- 1 device, real kernels
+
+
+def _program(compiled) -> str:
+  """The compiled HLO's entry computation without names and metadata."""
+  quoted = r'"(?:[^"\\]|\\.)*"'
+  text = compiled.as_text().split("ENTRY")[-1]
+  text = re.sub(rf",? ?(metadata|sharding|frontend_attributes)=\{{(?:{quoted}|[^{{}}\"])*\}}",
+                "", text)
+  return re.sub(r"[%\w.-]*\.\d+\b", "x", text)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Auto, AxisType.Explicit], ids=str)
+def test_one_device_mesh_runs_the_triton_kernel_on_the_whole_problem(axis_type, rng):
+  """On a 1-device mesh the partitioned lowering is the kernel itself: the interpreted
+  Triton GEMM and its two backward GEMMs run on the whole problem, with no
+  custom-partitioning call left in the program, and match float64."""
+  mesh = jax.make_mesh((1,), ("d",), axis_types=(axis_type,))
+  a, b = random_array(rng, (24, 16), F32), random_array(rng, (16, 40), F32)
+  ct = random_array(rng, (24, 40), F32)
+  mm = lambda a, b: jaxgemm.matmul(a, b, precision=HIGHEST, backend="triton")
+  tol = tolerance(F32, precision=HIGHEST)
+  with jax.set_mesh(mesh):
+    sa, sb = jax.device_put(a, P("d", None)), jax.device_put(b, P())
+    with sharding.recording_local_problems() as seen:
+      compiled = jax.jit(mm).lower(sa, sb).compile()
+      grads = jax.jit(lambda a, b: jax.vjp(mm, a, b)[1](ct))(sa, sb)
+    out = compiled(sa, sb)
+  assert "CustomSPMDPartitioning" not in compiled.as_text()
+  assert out.sharding.spec == P("d", None) or axis_type == AxisType.Auto
+  assert_gemm_close(out, *matmul_reference(a, b), tol, "forward")
+  a64, b64, ct64 = np.float64(a), np.float64(b), np.float64(ct)
+  assert_gemm_close(grads[0], ct64 @ b64.T, np.abs(ct64) @ np.abs(b64.T), tol, "dA")
+  assert_gemm_close(grads[1], a64.T @ ct64, np.abs(a64.T) @ np.abs(ct64), tol, "dB")
+  assert sorted(x.problem.describe() for x in seen) == [
+      "1x(16x24 @ 24x40) TN float32->float32", "1x(24x16 @ 16x40) NN float32->float32",
+      "1x(24x40 @ 40x16) NT float32->float32"]
+
+
+def test_one_device_mesh_compiles_the_unsharded_program():
+  """The rule costs nothing where nothing is split (research/sharding/one_gpu.py times it
+  on a GPU): a 1-device mesh compiles to the same program as the plain call."""
+  mesh = jax.make_mesh((1,), ("d",), axis_types=(AxisType.Auto,))
+  a, b = jnp.ones((64, 32)), jnp.ones((32, 48))
+  f = jax.jit(lambda a, b: jaxgemm.matmul(a, b, backend="xla"))
+  placed = (jax.device_put(a, NamedSharding(mesh, P("d", None))),
+            jax.device_put(b, NamedSharding(mesh, P())))
+  assert _program(f.lower(*placed).compile()) == _program(f.lower(a, b).compile())
+
+
+def test_shard_map_grad_with_check_vma_runs_the_triton_kernel(rng):
+  """Under shard_map the kernel runs on the shard; grad with check_vma=True needs the
+  varying-axes type through the transposes (pvary in bind)."""
+  mesh = jax.make_mesh((1,), ("d",), axis_types=(AxisType.Auto,))
+  a, w = random_array(rng, (24, 16), F32), random_array(rng, (16, 40), F32)
+  ct = random_array(rng, (24, 40), F32)
+  mm = lambda a, b: jaxgemm.matmul(a, b, precision=HIGHEST, backend="triton")
+  f = jax.shard_map(mm, mesh=mesh, in_specs=(P("d", None), P()), out_specs=P("d", None),
+                    check_vma=True)
+  da, dw = jax.jit(jax.grad(lambda a, w: jnp.vdot(f(a, w), ct), argnums=(0, 1)))(a, w)
+  tol = tolerance(F32, precision=HIGHEST)
+  a64, w64, ct64 = np.float64(a), np.float64(w), np.float64(ct)
+  assert_gemm_close(da, ct64 @ w64.T, np.abs(ct64) @ np.abs(w64.T), tol, "dA")
+  assert_gemm_close(dw, a64.T @ ct64, np.abs(a64.T) @ np.abs(ct64), tol, "dW")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "pallas", "xla"])
+def test_one_device_mesh_compiles_the_unsharded_program_on_the_gpu(backend, rng):
+  """On the GPU: a 1-device mesh gives the program of the unsharded call, compiled kernels
+  included, and the same result (research/sharding/one_gpu.py also times the two)."""
+  mesh = jax.make_mesh((1,), ("d",), axis_types=(AxisType.Auto,))
+  a = random_array(rng, (512, 256), jnp.bfloat16)
+  b = random_array(rng, (256, 384), jnp.bfloat16)
+  f = jax.jit(lambda a, b: jaxgemm.matmul(a, b, backend=backend))
+  placed = (jax.device_put(a, NamedSharding(mesh, P("d", None))),
+            jax.device_put(b, NamedSharding(mesh, P())))
+  plain, sharded = f.lower(a, b).compile(), f.lower(*placed).compile()
+  assert _program(sharded) == _program(plain)
+  np.testing.assert_array_equal(np.asarray(sharded(*placed), np.float32),
+                                np.asarray(plain(a, b), np.float32))
