@@ -1,17 +1,23 @@
-"""On one GPU: a jaxgemm GEMM on a 1-device mesh, through prototype.py's partitionable
-lowering, compiles to the same program and runs at the same speed as the unsharded call.
+"""On one GPU: a jaxgemm GEMM on a 1-device mesh, through the package's partitionable
+lowering (`jaxgemm/sharding.py`), compiles to the same program and runs at the same speed
+as the unsharded call, with the kernel chosen for the same (whole) problem.
 
   PYTHONPATH=$PWD/.gpu-site python3 research/sharding/one_gpu.py    (after `make gpu-env`)
+  one_gpu.py [N [BACKEND...]]: N x N x N bf16 (default 4096); backends triton, pallas, xla.
+
+CPU dry run (wall clock, not GPU timings): .venv/bin/python research/sharding/one_gpu.py 256 xla
 """
 
-import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prototype import LOCAL_PROBLEMS, P, NamedSharding, jax, jaxgemm, jnp, np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxgemm import timing  # noqa: E402
+import jaxgemm
+from jaxgemm import sharding, timing
 
 
 def program(text):
@@ -38,16 +44,16 @@ b = jax.random.normal(k2, (n, n), jnp.bfloat16)
 for backend in sys.argv[2:] or ("triton", "pallas", "xla"):
   f = jax.jit(lambda a, b: jaxgemm.matmul(a, b, backend=backend))
   try:
-    del LOCAL_PROBLEMS[:]
-    plain = f.lower(a, b).compile()
     sa, sb = (jax.device_put(x, NamedSharding(mesh, s)) for x, s in ((a, P("d", None)), (b, P())))
-    sharded = f.lower(sa, sb).compile()
+    with sharding.recording_local_problems() as seen:
+      plain = f.lower(a, b).compile()
+      sharded = f.lower(sa, sb).compile()
     same = program(plain.as_text()) == program(sharded.as_text())
     equal = bool(jnp.array_equal(plain(a, b), sharded(sa, sb)))
     t_plain, t_sharded = median_ms(plain, a, b), median_ms(sharded, sa, sb)
     t_plain2 = median_ms(plain, a, b)
     print(f"{backend:7} same program: {same}, equal results: {equal}, "
           f"median ms unsharded {t_plain:.3f} / {t_plain2:.3f}, 1-device mesh {t_sharded:.3f}, "
-          f"({TIMER.label}), kernel lowered for {sorted(set(s for _, s in LOCAL_PROBLEMS))}")
+          f"({TIMER.label}), kernels lowered for {[x.problem.describe() for x in seen]}")
   except Exception as e:  # noqa: BLE001
     print(f"{backend:7} FAILED {type(e).__name__}: {str(e)[:400]}")

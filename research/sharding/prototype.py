@@ -1,5 +1,9 @@
 """Prototype for issue 24: jaxgemm's matmul_p partitions like dot_general under jit.
 
+A record: it patches the package as it was at commit 91f1959, before the design landed in
+`jaxgemm/sharding.py`; on a later checkout it would wrap the package's partitioned lowering
+a second time. Run it from that commit (`git worktree add /tmp/p 91f1959`).
+
 Run from the repository root (8 host CPU devices; backend="xla" only: see README.md):
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/python research/sharding/prototype.py
