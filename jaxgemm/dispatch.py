@@ -15,8 +15,10 @@ With ``variant=None`` steps 2 and 3 also choose the variant: the backend's
 fastest tuned one. ``backend="auto"`` looks at the tuned records of every
 backend for the problem and runs the fastest, if it beat XLA by at least
 `AUTO_MARGIN` in its tuning run (against the XLA program a user may get:
-`jaxgemm.tuning.XLA_PICK_SPREAD`); otherwise, and for any problem nothing was
-tuned for (or on a device kind without a table), it runs XLA (`FALLBACK`).
+`jaxgemm.tuning.XLA_PICK_SPREAD`), else XLA. For a problem nothing was tuned
+for, it runs a backend's heuristic choice where that backend names a
+structural win (`Backend.structural_win`: a problem class measured to beat
+XLA on this device kind), and XLA (`FALLBACK`) otherwise.
 
 Resolution happens per problem (`choose`, called by each op's lowering rule),
 so the backward GEMMs of a gradient (other shapes, other layouts) each get
@@ -173,6 +175,14 @@ def choose(problem: Problem, backend: str = AUTO, variant: str | None = None,
     tuned = _tuned(problem, kind, None, None)
     if tuned and tuned[0][1].backend != FALLBACK and tuned[0][0] >= AUTO_MARGIN:
       return tuned[0][1]
+    if not tuned:
+      for name in registry.backends(problem.op):
+        candidate = registry.get_backend(name, problem.op)
+        if name != FALLBACK and candidate.structural_win(problem, kind):
+          chosen = candidate.default_variant(problem)
+          config = candidate.default_config(problem, chosen)
+          if _usable(problem, candidate, chosen, config):
+            return Choice(name, chosen, config, "heuristic")
     return dataclasses.replace(choose(problem, FALLBACK, platform=platform), source="fallback")
 
   if config is not None:

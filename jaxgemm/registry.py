@@ -56,6 +56,16 @@ class Backend(abc.ABC):
       return variant
     return self.variants[-1]  # its check raises the reason to the caller
 
+  def structural_win(self, problem: Problem, device_kind: str) -> str | None:
+    """Why this backend's heuristic choice beats XLA on `problem` with no tuning record.
+
+    None (the default) where that is not known. `backend="auto"` runs the
+    heuristic choice where a reason is given and nothing was tuned for the
+    problem: backends give one only for problem classes measured to win on
+    `device_kind`.
+    """
+    return None
+
   def tuning_candidates(self, problem: Problem) -> list[tuple[str, KernelConfig]]:
     """(variant, config) pairs `jaxgemm.autotune` times on `problem`, most promising first.
 

@@ -25,7 +25,9 @@ it), by default ``$XDG_CACHE_HOME/jaxgemm/autotune.json``
 (``~/.cache/jaxgemm/autotune.json``). Writes merge under an exclusive lock and
 replace the file atomically, so several processes may tune at once. A corrupt
 or unreadable cache is reported (a warning) and ignored, never fatal.
-Tables for device kinds this project has tuned on ship in `jaxgemm/tables/`.
+Tables for device kinds this project has tuned on ship in `jaxgemm/tables/`;
+``JAXGEMM_TABLES=off`` leaves them unread (every choice is then the cache's or
+the heuristics': how the heuristics are measured on their own).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from jaxgemm.ops.base import Problem
 # are ignored with a warning: every record in them is stale).
 FORMAT = 2
 CACHE_ENV = "JAXGEMM_AUTOTUNE_CACHE"
+TABLES_ENV = "JAXGEMM_TABLES"
 TABLES_DIR = Path(__file__).resolve().parent / "tables"
 
 
@@ -321,7 +324,9 @@ def lookup(problem: Problem, device_kind: str, backend: str | None = None,
   The cache's record for a (backend, variant) overrides the shipped table's.
   """
   path = default_cache_path() if cache_path == "default" else cache_path
-  found = _records(load(table_path(device_kind)), "table", device_kind, problem, backend)
+  found = {}
+  if os.environ.get(TABLES_ENV, "").lower() != "off":
+    found = _records(load(table_path(device_kind)), "table", device_kind, problem, backend)
   found.update(_records(load(path), "cache", device_kind, problem, backend))
   return list(found.values())
 

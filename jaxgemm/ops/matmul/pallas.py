@@ -136,6 +136,12 @@ class PallasMatmul(registry.Backend):
     reason = _mosaic_gpu_error()
     if reason is not None:
       raise NotImplementedError(f"backend='pallas' needs Mosaic GPU: {reason}")
+    if jax.config.jax_enable_x64:
+      # The kernels index in int32 with Python ints as lax.div/lax.rem operands,
+      # which x64 makes int64 (TypeError), and a kernel traced with x64 off
+      # inside an x64 program fails MLIR verification (seen on the CPU).
+      raise NotImplementedError("backend='pallas' does not run with jax_enable_x64=True; "
+                                "backend='triton' and 'xla' do")
     if variant not in VARIANTS:
       raise ValueError(f"unknown variant={variant!r} for backend='pallas'; "
                        f"valid variants: {list(VARIANTS)}")

@@ -28,6 +28,12 @@ DEFAULT_NUM_SMS = 132
 class TritonConfig(KernelConfig):
   """Tiling and launch parameters of a Triton kernel (fields a rung ignores are unused).
 
+  align_operands: before a tensor-core rung, zero-pad operand rows that do not
+    start 16-byte aligned and bring fp32 operands K-major (one XLA pass over
+    each such operand: `jaxgemm.kernels.triton.matmul.layout`). That pays on
+    large problems and costs a launch or two on small ones, where False has
+    the kernel read the operands as stored.
+
   >>> import jaxgemm
   >>> jaxgemm.TritonConfig(block_m=128, block_n=256, block_k=64, num_warps=8).block_n
   256
@@ -44,6 +50,7 @@ class TritonConfig(KernelConfig):
   epilogue_subtile: int = check(lambda v: v in (1, 2), "1 or 2", default=1)
   warp_specialize: bool = False
   tma: bool = False
+  align_operands: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +72,79 @@ _RUNGS = {
 
 _DTYPES = tuple(map(np.dtype, ("float16", "bfloat16", "float32")))
 
+# Tensor-core tiles, largest first: (block_m, block_n, block_k of 16-bit
+# operands, num_warps, num_stages). 128x256x64 is the tile that ran 750 TFLOP/s
+# natively (GPU_NOTES.md) and the 8192^3 TF32 product at 383 (128x128: 309;
+# research/probes/h200-triton-ladder-2026-11-22-run2); the smaller ones trade
+# per-tile efficiency for more tiles on the SMs.
+_TENSOR_CORE_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
+                      (64, 64, 64, 4, 4), (64, 32, 64, 4, 4), (64, 16, 64, 4, 4))
+# Where `TritonMatmul.structural_win` applies: the Hopper device kinds the
+# rules were measured on, and the K of a one-step GEMM.
+MEASURED_DEVICE_KINDS = ("H100", "H200")
+SHORT_K_WIN = 64
+# Tiles narrower than 64 columns read B in rows of under 128 bytes: only for
+# K loops up to this long (1x204x2677 bf16: 42 tiles of 64 columns ran 0.32x
+# XLA); longer ones split K instead (`TritonMatmul._split_k_for`).
+NARROW_MAX_K = 1024
+# K up to this is "short" (see `TritonMatmul._tensor_core_tile`): 3968x3968x32
+# bf16 ran 1.27x XLA on 64x64 tiles and 0.57x on 128x256
+# (research/probes/heuristic-2026-11-25/random-variants.csv).
+SHORT_K = 256
+# The least K a split-K slice gets (see `TritonMatmul._split_k_for`).
+MIN_SPLIT_K = 512
+# Operands smaller than this (bytes, A and B together) are read as stored
+# (`TritonConfig.align_operands=False`): a relayout pass is one more launch,
+# about as long as a small GEMM. 2568x12x3724 fp16 (151 KB of operands, K
+# loop of one step) ran 1.08x XLA as stored, 0.81x aligned; 148x399x3575
+# bf16 (3 MB, rows of 798 B) 0.40x as stored, 1.03x aligned.
+ALIGN_MIN_OPERAND_BYTES = 1 << 20
+# TF32 on an operand that is not K-major goes through registers, at about a
+# fifth of the tensor-core rate (83 against 383 TFLOP/s at 8192^3, `layout`):
+# still faster than the bandwidth where each element of B meets at most this
+# many rows of A (2 x 32 FLOPs per 4-byte element at ~80 TFLOP/s is ~5 TB/s),
+# so such a B is not transposed: 24x4188x16083 fp32 ran 1.19x XLA as stored,
+# 0.78x transposed first; 64x11584x2304 0.18x as stored, 0.41x transposed.
+TF32_REGISTER_PATH_MAX_REUSE = 32
+# fp32 problems up to this many FLOPs with an operand that is not K-major run
+# exact fp32 on CUDA cores (`pipelined`), which reads any layout at full speed:
+# TF32 would pay a transpose launch or the register path.
+FMA_MAX_FLOPS = 256e6
+
+
+def _not_k_major(problem: GemmProblem) -> tuple[bool, bool]:
+  """Whether A, B are stored other than K-major (A (K, M), B (K, N))."""
+  return problem.trans_a, not problem.trans_b
+
+
+def _small_fp32_off_k_major(problem: GemmProblem) -> bool:
+  return (problem.fp32_precision == "tf32" and any(_not_k_major(problem))
+          and problem.flops <= FMA_MAX_FLOPS)
+
+
+def _worth_aligning(problem: GemmProblem) -> bool:
+  """The heuristic's `align_operands` (see the constants above)."""
+  operand_bytes = (problem.batch * (problem.m + problem.n) * problem.k
+                   * np.dtype(problem.dtype).itemsize)
+  if operand_bytes < ALIGN_MIN_OPERAND_BYTES:
+    return False
+  if problem.fp32_precision is not None:
+    a_off, b_off = _not_k_major(problem)
+    if (b_off and problem.m <= TF32_REGISTER_PATH_MAX_REUSE) or (
+        a_off and problem.n <= TF32_REGISTER_PATH_MAX_REUSE):
+      return False
+  return True
+
 
 def _pow2_at_least(x: int, lo: int, hi: int) -> int:
   p = lo
   while p < x and p < hi:
     p *= 2
   return p
+
+
+def _tile_count(problem: GemmProblem, tile: dict) -> int:
+  return problem.batch * -(-problem.m // tile["block_m"]) * -(-problem.n // tile["block_n"])
 
 
 def _clamped(problem: GemmProblem, variant: str, tiles: dict) -> dict:
@@ -99,28 +173,90 @@ class TritonMatmul(registry.Backend):
     return None
 
   def default_variant(self, problem: GemmProblem) -> str:
-    if problem.fp32_precision == "ieee":
+    """The rung for `problem` with no tuning record.
+
+    Measured on the `random` suite, H200, against XLA's dot in the same run
+    (research/probes/heuristic-2026-11-25/README.md has the table).
+    """
+    if problem.fp32_precision == "ieee" or _small_fp32_off_k_major(problem):
       return "pipelined"
     if self._split_k_for(problem) > 1:
       return "splitk"
-    if problem.fp32_precision is not None:
-      # 8192^3 TF32 on the H200: tensorcore 383 TFLOP/s, persistent 277
-      # (research/probes/h200-triton-ladder-2026-11-22-run2).
-      return "tensorcore"
-    return "persistent"
+    tile = self._tensor_core_tile(problem)
+    # A persistent grid pays for itself by overlapping a tile's epilogue with
+    # the next tile's loads: it needs a next tile, a K loop long enough to
+    # overlap with, and 16-bit operands (8192^3 TF32: tensorcore 383 TFLOP/s,
+    # persistent 277, research/probes/h200-triton-ladder-2026-11-22-run2).
+    # With short K it lost: 761x7x1959 bf16 0.73x XLA persistent, 0.98x not.
+    if (problem.fp32_precision is None and problem.k > SHORT_K and tile["block_m"] >= 128
+        and _tile_count(problem, tile) > DEFAULT_NUM_SMS):
+      return "persistent"
+    return "tensorcore"
+
+  @staticmethod
+  def _tensor_core_tile(problem: GemmProblem) -> dict:
+    """The largest tile of `_TENSOR_CORE_TILES` that gives the SMs enough tiles.
+
+    Enough is one wave of tiles, or four where K is short (<= SHORT_K): a
+    tile's few K steps then cannot hide its loads' latency and its epilogue,
+    and several small tiles per SM overlap them. What no tile fills, split-K
+    fills (`_split_k_for`).
+    """
+    waves = 4 if problem.k <= SHORT_K else 1
+    k_scale = np.dtype(problem.dtype).itemsize // 2   # fp32: half as deep, same bytes
+    for block_m, block_n, block_k, num_warps, num_stages in _TENSOR_CORE_TILES:
+      if block_n < 64 and problem.k > NARROW_MAX_K:
+        break
+      tile = _clamped(problem, "tensorcore", dict(
+          block_m=block_m, block_n=block_n, block_k=block_k // k_scale, num_warps=num_warps,
+          num_stages=num_stages, group_m=8))
+      if _tile_count(problem, tile) >= waves * DEFAULT_NUM_SMS:
+        return tile
+    return tile
+
+  def structural_win(self, problem: GemmProblem, device_kind: str) -> str | None:
+    """Where the heuristic choice was measured to beat XLA's dot (Hopper only).
+
+    * Rows that are not 16-byte aligned, with more than a megabyte of
+      operands and more than 16 rows and columns: cuBLAS's fast kernels need
+      aligned rows, ours pads them in one pass (`align_operands`).
+    * 16-bit operands with K <= SHORT_K_WIN, a GEMM of one K step: XLA's
+      dot costs a full GEMM launch or more, ours writes C at once.
+
+    Measured on the `random` suite (research/probes/heuristic-2026-11-25/README.md).
+    """
+    if not any(kind in device_kind for kind in MEASURED_DEVICE_KINDS):
+      return None
+    if problem.fp32_precision == "ieee":
+      return None
+    operand_bytes = (problem.batch * (problem.m + problem.n) * problem.k
+                     * np.dtype(problem.dtype).itemsize)
+    if (layout.misaligned_rows(problem) and operand_bytes >= ALIGN_MIN_OPERAND_BYTES
+        and min(problem.m, problem.n) > 16):
+      return f"unaligned rows ({layout.misaligned_rows(problem)}), {operand_bytes} B of operands"
+    if problem.fp32_precision is None and problem.k <= SHORT_K_WIN:
+      return f"{problem.k=} is one K step"
+    return None
 
   def _split_k_for(self, problem: GemmProblem) -> int:
-    """K slices that bring the program count near two waves of SMs (1 = no split)."""
-    cfg = self._tile_defaults(problem, "splitk")
-    tiles = problem.batch * -(-problem.m // cfg["block_m"]) * -(-problem.n // cfg["block_n"])
+    """K slices that bring the program count near two waves of SMs (1 = no split).
+
+    Each slice keeps at least MIN_SPLIT_K of K: a slice also writes an fp32
+    partial tile and the slices are summed afterwards, which only a long
+    enough K loop pays for.
+    """
+    if problem.fp32_precision == "ieee":
+      return 1
+    tile = self._tensor_core_tile(problem)
+    tiles = _tile_count(problem, tile)
     split = 1
     while (tiles * split * 2 <= 2 * DEFAULT_NUM_SMS
-           and problem.k // (split * 2) >= 4 * cfg["block_k"] and split < 16):
+           and problem.k // (split * 2) >= max(4 * tile["block_k"], MIN_SPLIT_K)
+           and split < 16):
       split *= 2
     return split
 
   def _tile_defaults(self, problem: GemmProblem, variant: str) -> dict:
-    wide = np.dtype(problem.dtype).itemsize == 4
     if variant == "naive":
       tiles = dict(block_m=32, block_n=32, block_k=8, num_warps=4, num_stages=1, group_m=1)
     elif variant == "tiled":
@@ -130,26 +266,17 @@ class TritonMatmul(registry.Backend):
       # 128x64x32 (2 stages), 42.7 at 128x128x32 with 8 warps; nine configs in
       # research/probes/h200-triton-ladder-2026-11-22-run{2,3}.
       tiles = dict(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3, group_m=8)
-    elif variant == "splitk":
-      tiles = dict(block_m=64, block_n=64, block_k=32 if wide else 64, num_warps=4,
-                   num_stages=4, group_m=1)
-    elif variant == "persistent":
-      tiles = (dict(block_m=128, block_n=128, block_k=32, num_warps=8, num_stages=3, group_m=8)
-               if wide else
-               dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8,
-                    epilogue_subtile=2))
-    else:  # tensor cores: the tile that ran 750 TFLOP/s natively (GPU_NOTES.md)
-      # TF32 8192^3: 383 TFLOP/s at 128x256x32, 309 at 128x128x32
-      # (research/probes/h200-triton-ladder-2026-11-22-run2).
-      tiles = (dict(block_m=128, block_n=256, block_k=32, num_warps=8, num_stages=3, group_m=8)
-               if wide else
-               dict(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3, group_m=8))
+    else:
+      tiles = self._tensor_core_tile(problem)
+      if variant == "persistent" and tiles["block_n"] >= 256:
+        tiles["epilogue_subtile"] = 2
     return _clamped(problem, variant, tiles)
 
   def default_config(self, problem: GemmProblem, variant: str) -> TritonConfig:
     tiles = self._tile_defaults(problem, variant)
     if variant == "splitk":
       tiles["split_k"] = self._split_k_for(problem)
+    tiles["align_operands"] = _worth_aligning(problem)
     return self._within_smem(problem, variant, TritonConfig(**tiles))
 
   def _within_smem(self, problem: GemmProblem, variant: str,

@@ -41,7 +41,11 @@ def tensor_core_layout(matmul, problem: GemmProblem, config, platform: str):
     0 cp.async; aligned: 36 cp.async). The contiguous dimensions are zero-padded
     to 16 bytes: the zeros add nothing to the products, and the kernel stores
     C at its real (M, N) so nothing is sliced afterwards.
+
+  `config.align_operands=False` skips both: the call is the kernel alone.
   """
+  if not config.align_operands:
+    return lambda a, b: matmul(a, b, problem, config, platform)
   a_transpose = problem.fp32_precision is not None and problem.trans_a
   b_transpose = problem.fp32_precision is not None and not problem.trans_b
   laid_out = dataclasses.replace(problem, trans_a=problem.trans_a and not a_transpose,
