@@ -78,19 +78,16 @@ _DTYPES = tuple(map(np.dtype, ("float16", "bfloat16", "float32")))
 # research/probes/h200-triton-ladder-2026-11-22-run2); the smaller ones trade
 # per-tile efficiency for more tiles on the SMs.
 _TENSOR_CORE_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
-                      (64, 64, 64, 4, 4), (64, 32, 64, 4, 4), (64, 16, 64, 4, 4))
+                      (64, 64, 64, 4, 4))
 # Where `TritonMatmul.structural_win` applies: the Hopper device kinds the
 # rules were measured on, and the K of a one-step GEMM.
 MEASURED_DEVICE_KINDS = ("H100", "H200")
-SHORT_K_WIN = 64
-# Tiles narrower than 64 columns read B in rows of under 128 bytes: only for
-# K loops up to this long (1x204x2677 bf16: 42 tiles of 64 columns ran 0.32x
-# XLA); longer ones split K instead (`TritonMatmul._split_k_for`).
-NARROW_MAX_K = 1024
+SHORT_K_WIN, SHORT_K_WIN_MIN_OUTPUT = 64, 4096
 # K up to this is "short" (see `TritonMatmul._tensor_core_tile`): 3968x3968x32
 # bf16 ran 1.27x XLA on 64x64 tiles and 0.57x on 128x256
-# (research/probes/heuristic-2026-11-25/random-variants.csv).
-SHORT_K = 256
+# (research/probes/heuristic-2026-11-25/random-variants.csv); at K = 192
+# (896x192x4416 fp16) the small tiles lost, 0.76x against 0.88x at 128x128.
+SHORT_K = 64
 # The least K a split-K slice gets (see `TritonMatmul._split_k_for`).
 MIN_SPLIT_K = 512
 # Operands smaller than this (bytes, A and B together) are read as stored
@@ -106,20 +103,9 @@ ALIGN_MIN_OPERAND_BYTES = 1 << 20
 # so such a B is not transposed: 24x4188x16083 fp32 ran 1.19x XLA as stored,
 # 0.78x transposed first; 64x11584x2304 0.18x as stored, 0.41x transposed.
 TF32_REGISTER_PATH_MAX_REUSE = 32
-# fp32 problems up to this many FLOPs with an operand that is not K-major run
-# exact fp32 on CUDA cores (`pipelined`), which reads any layout at full speed:
-# TF32 would pay a transpose launch or the register path.
-FMA_MAX_FLOPS = 256e6
-
-
 def _not_k_major(problem: GemmProblem) -> tuple[bool, bool]:
   """Whether A, B are stored other than K-major (A (K, M), B (K, N))."""
   return problem.trans_a, not problem.trans_b
-
-
-def _small_fp32_off_k_major(problem: GemmProblem) -> bool:
-  return (problem.fp32_precision == "tf32" and any(_not_k_major(problem))
-          and problem.flops <= FMA_MAX_FLOPS)
 
 
 def _worth_aligning(problem: GemmProblem) -> bool:
@@ -178,7 +164,7 @@ class TritonMatmul(registry.Backend):
     Measured on the `random` suite, H200, against XLA's dot in the same run
     (research/probes/heuristic-2026-11-25/README.md has the table).
     """
-    if problem.fp32_precision == "ieee" or _small_fp32_off_k_major(problem):
+    if problem.fp32_precision == "ieee":
       return "pipelined"
     if self._split_k_for(problem) > 1:
       return "splitk"
@@ -205,8 +191,6 @@ class TritonMatmul(registry.Backend):
     waves = 4 if problem.k <= SHORT_K else 1
     k_scale = np.dtype(problem.dtype).itemsize // 2   # fp32: half as deep, same bytes
     for block_m, block_n, block_k, num_warps, num_stages in _TENSOR_CORE_TILES:
-      if block_n < 64 and problem.k > NARROW_MAX_K:
-        break
       tile = _clamped(problem, "tensorcore", dict(
           block_m=block_m, block_n=block_n, block_k=block_k // k_scale, num_warps=num_warps,
           num_stages=num_stages, group_m=8))
@@ -220,8 +204,10 @@ class TritonMatmul(registry.Backend):
     * Rows that are not 16-byte aligned, with more than a megabyte of
       operands and more than 16 rows and columns: cuBLAS's fast kernels need
       aligned rows, ours pads them in one pass (`align_operands`).
-    * 16-bit operands with K <= SHORT_K_WIN, a GEMM of one K step: XLA's
-      dot costs a full GEMM launch or more, ours writes C at once.
+    * 16-bit operands with K <= SHORT_K_WIN, a GEMM of one K step, and at
+      least SHORT_K_WIN_MIN_OUTPUT elements of C: XLA's dot costs a full
+      GEMM launch or more, ours writes C at once. (Below that output size
+      both take about a microsecond and which is faster is noise.)
 
     Measured on the `random` suite (research/probes/heuristic-2026-11-25/README.md).
     """
@@ -234,7 +220,8 @@ class TritonMatmul(registry.Backend):
     if (layout.misaligned_rows(problem) and operand_bytes >= ALIGN_MIN_OPERAND_BYTES
         and min(problem.m, problem.n) > 16):
       return f"unaligned rows ({layout.misaligned_rows(problem)}), {operand_bytes} B of operands"
-    if problem.fp32_precision is None and problem.k <= SHORT_K_WIN:
+    if (problem.fp32_precision is None and problem.k <= SHORT_K_WIN
+        and problem.m * problem.n >= SHORT_K_WIN_MIN_OUTPUT):
       return f"{problem.k=} is one K step"
     return None
 
