@@ -237,8 +237,10 @@ RANDOM_HOLDOUT_SEED, RANDOM_HOLDOUT_COUNT = 1125, 24
 RANDOM_DTYPES = ("bf16", "fp16", "fp32")
 
 
-def random_problems(suite: str, seed: int, count: int, max_size: int = 16384):
-  """`count` problems drawn as the comment above says, the same for a seed.
+def random_problems(suite: str, seed: int, count: int, max_size: int = 16384,
+                    min_size: int = 1):
+  """`count` problems drawn as the comment above says (sizes in [min_size,
+  max_size]), the same for a seed.
 
   >>> [p.name for p in random_problems("random", 0, 2)]
   ['r00.484x14x1.bf16.NT', 'r01.7040x384x1216.fp16.TT']
@@ -246,7 +248,8 @@ def random_problems(suite: str, seed: int, count: int, max_size: int = 16384):
   rng = np.random.default_rng(seed)
   out = []
   for i in range(count):
-    m, k, n = (int(round(np.exp(rng.uniform(0.0, np.log(max_size))))) for _ in range(3))
+    m, k, n = (int(round(np.exp(rng.uniform(np.log(min_size), np.log(max_size)))))
+               for _ in range(3))
     aligned = bool(rng.integers(2))
     if aligned:
       m, k, n = (1 << (x - 1).bit_length() if x < 64 else -(-x // 64) * 64

@@ -9,6 +9,7 @@ interpreters, labelled as not GPU timings.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import datetime
 import re
 import time
@@ -65,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--cpu-call-budget", type=float, default=1.0,
                   help="without a GPU, do not time interpreted kernels slower than this "
                        "many seconds per call (and skip them afterwards)")
+  ap.add_argument("--only", default="",
+                  help="comma-separated globs of problem names to run (others are left out), "
+                       "e.g. 'r4*,r39*' to finish a suite another run stopped in")
   ap.add_argument("--exclude", default="",
                   help="comma-separated 'backend/variant[@problem]' globs to skip, e.g. "
                        "'pallas/clusters,triton/naive@sq16384' (recorded as skipped)")
@@ -99,9 +103,12 @@ def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
     else:
       raise SystemExit(f"unknown suite {name!r}; valid: {[*P.ALL_SUITES, 'default']}")
   seen, uniq = set(), []
+  only = [g.strip() for g in args.only.split(",") if g.strip()]
   for s, probs in out:
     if s not in seen:
       seen.add(s)
+      if only and probs is not None:
+        probs = [p for p in probs if any(fnmatch.fnmatch(p.name, g) for g in only)]
       uniq.append((s, probs))
   return uniq
 

@@ -71,6 +71,30 @@ def test_gpu_forward(kernel, case):
   assert_gemm_close(out, ref, bound, tolerance(dtype, dtype, precision), f"{kernel} on GPU")
 
 
+def _random_property_cases():
+  """Random problems as the `random` suite draws them (its generator, other seeds):
+  six of any size up to 4096 and three large ones (sizes in [2048, 4096]), with
+  their dtype and transposes. Sizes are capped so the float64 reference
+  stays a few seconds."""
+  from jaxgemm.bench.problems import DTYPES, random_problems  # noqa: PLC0415
+  drawn = (random_problems("gpu-any", 4242, 6, max_size=4096)
+           + random_problems("gpu-large", 4243, 3, max_size=4096, min_size=2048))
+  cases = []
+  for bp in drawn:
+    dtype = np.dtype(DTYPES[bp.dtype][0] if bp.dtype != "bf16" else jnp.bfloat16)
+    dims = bp.dimension_numbers()
+    cases.append(pytest.param((bp.a_shape(), bp.b_shape(), dims, dtype, None),
+                              id=f"{bp.suite}-{bp.name}"))
+  return cases
+
+
+@pytest.mark.cases(_random_property_cases())
+def test_gpu_random_problems(kernel, case):
+  """Every backend and variant on problems no one picked, large ones included:
+  each config the library chooses for them must compile, fit and be right."""
+  test_gpu_forward(kernel, case)
+
+
 @pytest.mark.parametrize("dtype,precision", [(BF16, None), (F32, None), (F32, HIGHEST)],
                          ids=["bf16", "f32", "f32-highest"])
 def test_gpu_gradients(kernel, dtype, precision):
