@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import types
 from typing import Any
 
@@ -85,13 +86,20 @@ def call(launch: Launch, *arrays: jax.Array, platform: str) -> jax.Array:
 
 # ------------------------------------------------------------------ the interpreter
 
+# Triton's interpreter patches `triton.language` globally while a kernel runs,
+# so two launches at once corrupt each other ("Cannot call @triton.jit'd
+# outside of the scope of a kernel"); XLA:CPU runs independent callbacks of
+# one program on several threads (the tuner's rotated input sets do).
+_INTERPRETER_LOCK = threading.Lock()
+
+
 def _interpret(launch: Launch, *arrays):
   def on_host(*host_arrays):
     import torch  # noqa: PLC0415 (tests-only dependency: the interpreter's tensors)
     tensors = [_to_torch(np.array(x)) for x in host_arrays]  # writable copies for torch
     out = np.empty(launch.out_shape.shape, launch.out_shape.dtype)
     out_t = _to_torch(out)
-    with _interpreted_language():
+    with _INTERPRETER_LOCK, _interpreted_language():
       _interpreted(launch.kernel)[launch.grid](*tensors, out_t, **dict(launch.constexprs))
     return out  # out_t shares out's memory
   return jax.pure_callback(on_host, launch.out_shape, *arrays)

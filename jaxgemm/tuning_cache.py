@@ -99,10 +99,22 @@ def code_fingerprint(source: str) -> str:
 
   Two sources with the same fingerprint run the same program: a docstring or
   comment edit keeps it, any change to code (a constant, a name, an import)
-  changes it.
+  changes it. It is the same under every Python the package supports: fields
+  a newer `ast` adds empty (3.12's `type_params`) are left out, where
+  `ast.dump` would write them and make every shipped record stale on another
+  Python (tables tuned under the GPU machine's 3.12 read stale under 3.11).
   """
-  tree = _StripDocstrings().visit(ast.parse(source))
-  return ast.dump(tree, annotate_fields=False, include_attributes=False)
+  return _dump(_StripDocstrings().visit(ast.parse(source)))
+
+
+def _dump(node) -> str:
+  if isinstance(node, ast.AST):
+    fields = ((f, getattr(node, f, None)) for f in node._fields)
+    return f"{type(node).__name__}(" + ", ".join(
+        f"{f}={_dump(v)}" for f, v in fields if v is not None and v != []) + ")"
+  if isinstance(node, list):
+    return "[" + ", ".join(map(_dump, node)) + "]"
+  return repr(node)
 
 
 def _module_files(module: str) -> list[tuple[str, Path]]:

@@ -430,6 +430,38 @@ def test_kernel_version_ignores_prose_and_follows_code(tmp_path, monkeypatch, ed
   assert (tuning_cache.modules_version(["fake_kernels"]) == before) == same
 
 
+def test_code_fingerprint_is_the_same_on_every_python():
+  """Pinned: the fingerprint leaves out empty fields, so Python 3.12's new
+  `type_params` does not change it (with `ast.dump`, the table tuned under the
+  GPU machine's 3.12 read stale under 3.11: every record)."""
+  source = 'def f(x: int = 1):\n  """doc"""\n  return x + 1  # c\n'
+  assert tuning_cache.code_fingerprint(source) == (
+      "Module(body=[FunctionDef(name='f', args=arguments(args=[arg(arg='x', "
+      "annotation=Name(id='int', ctx=Load()))], defaults=[Constant(value=1)]), "
+      "body=[Return(value=BinOp(left=Name(id='x', ctx=Load()), op=Add(), "
+      "right=Constant(value=1)))])])")
+
+
+def test_shipped_table_is_current_for_this_code():
+  """Every record of the shipped H200 table carries today's kernel versions:
+  a kernel change that stales it must come with a re-tune (or a restamp whose
+  commit shows the change cannot move a recorded config's speed)."""
+  data = json.loads(tuning_cache.table_path("NVIDIA H200").read_text())
+  for key, shapes in data["entries"].items():
+    backend = tuning_cache.parse_key(key)[2].split("/")[0]
+    for shape, r in shapes.items():
+      assert r["version"] == tuning_cache.kernel_version(backend), (key, shape)
+
+
+def test_tables_off_reads_no_table(cache, table, monkeypatch):
+  p = problem(m=24, n=24, k=24)
+  key = tuning_cache.entry_key(KIND, "triton", "tensorcore", p)
+  tuning_cache.store(table, {key: {p.shape_key(): record("triton", SMALL, 0.5)}})
+  assert [t.source for t in tuning_cache.lookup(p, KIND)] == ["table"]
+  monkeypatch.setenv(tuning_cache.TABLES_ENV, "off")
+  assert tuning_cache.lookup(p, KIND) == []
+
+
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 99, "entries": {}}),
                                      json.dumps({"format": 1, "entries": []}), ""])
 def test_corrupt_cache_is_reported_and_ignored(cache, rng, content):
