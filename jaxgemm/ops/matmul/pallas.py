@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +40,9 @@ _TWO_CONSUMERS = ("warp_specialized", "clusters", "stream_k")
 # Variants launched in 2-CTA clusters.
 _CLUSTERED = ("clusters", "stream_k", "pingpong")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
+# The Mosaic GPU interpreter simulates a whole GPU's shared state; XLA:CPU may
+# run independent callbacks of one program on several threads.
+_INTERPRETER_LOCK = threading.Lock()
 # float32 runs as TF32 (precision DEFAULT, jnp.matmul's default on GPU).
 _IN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -269,9 +273,13 @@ class PallasMatmul(registry.Backend):
     # and matmul_p stays pure for jit, grad and vmap.
     run = jax.jit(pallas_matmul)
 
+    def on_host(a, b):
+      with _INTERPRETER_LOCK:   # one interpreted kernel at a time, as for Triton's
+        return np.asarray(run(a, b))
+
     def interpreted(a, b):
       return jax.pure_callback(
-          lambda a, b: np.asarray(run(a, b)),
+          on_host,
           jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype), a, b)
 
     return interpreted
