@@ -90,6 +90,72 @@ def test_default_variant(problem, variant):
   assert TritonMatmul().default_variant(problem) == variant
 
 
+# ------------------------------------------------------------ the no-record heuristic
+# Each case is a measured class of the random suite (research/probes/heuristic-2026-11-25).
+
+@pytest.mark.parametrize("problem,variant,tile", [
+    # Enough 128x256 tiles for the SMs and a long K loop: persistent.
+    (_problem(4096, 4096, 4096), "persistent", (128, 256)),
+    # Short K: smaller tiles, several per SM, no persistent grid (K=7: 1.62x XLA).
+    (_problem(761, 1959, 7), "tensorcore", (64, 64)),
+    # Too few tiles even at 64x64 and a long K: split K (r01: 1.23x, r27: 1.38x).
+    (_problem(3968, 32, 3968, trans_a=True), "splitk", (64, 32)),
+    (_problem(64, 32, 1472, F16, trans_a=True), "splitk", (64, 32)),
+    # fp32 (TF32) stays on the tensor-core rung that ran 383 TFLOP/s.
+    (_problem(1080, 1857, 669, F32, trans_a=True), "tensorcore", (128, 128)),
+])
+def test_heuristic_picks_by_waves_of_sms(problem, variant, tile):
+  backend = TritonMatmul()
+  assert backend.default_variant(problem) == variant
+  config = backend.default_config(problem, variant)
+  assert (config.block_m, config.block_n) == tile
+  backend.check(problem, variant, config)
+
+
+@pytest.mark.parametrize("problem,align", [
+    (_problem(2568, 3724, 12, F16), False),                  # 151 KB of operands
+    (_problem(148, 3575, 399, trans_a=True, trans_b=True), True),  # 3 MB, rows of 798 B
+    (_problem(24, 16083, 4188, F32, trans_a=True), False),   # fp32 B N-major, M = 24
+    (_problem(1080, 1857, 669, F32, trans_a=True), True),    # fp32, M and N > 32
+])
+def test_heuristic_aligns_operands_where_the_pass_pays(problem, align):
+  backend = TritonMatmul()
+  assert backend.default_config(problem, backend.default_variant(problem)).align_operands == align
+
+
+@pytest.mark.parametrize("problem,win", [
+    (_problem(1080, 1857, 669, F32, trans_a=True), "unaligned rows"),
+    (_problem(4095, 4093, 4097), "unaligned rows"),
+    (_problem(1327, 853, 7, F16, trans_a=True, trans_b=True), "one K step"),
+    (_problem(4096, 4096, 4096), None),                  # aligned: XLA's ground
+    (_problem(11, 8, 7, F16), None),                     # 88 outputs: a microsecond either way
+    (_problem(6, 256, 3484, F32, trans_a=True), None),   # unaligned, but a GEMV (M <= 16)
+    (_problem(300, 8, 4, F32), None),                    # one K step, but fp32
+])
+def test_structural_wins_on_hopper_only(problem, win):
+  backend = TritonMatmul()
+  reason = backend.structural_win(problem, "NVIDIA H200")
+  assert (reason is None) if win is None else (win in reason)
+  assert backend.structural_win(problem, "cpu") is None
+  assert backend.structural_win(problem, "NVIDIA A100-SXM4-80GB") is None
+
+
+def test_auto_takes_a_structural_win_only_without_records(monkeypatch):
+  """auto runs the heuristic kernel where Triton names a structural win and no
+  record exists; a record where XLA won keeps XLA."""
+  from jaxgemm import dispatch, tuning_cache  # noqa: PLC0415
+  monkeypatch.setattr(dispatch, "device_kind", lambda platform=None: "NVIDIA H200")
+  monkeypatch.setattr(tuning_cache, "lookup", lambda *a, **k: [])
+  win = _problem(1327, 853, 7, F16, trans_a=True, trans_b=True)
+  choice = dispatch.choose(win, "auto")
+  assert (choice.backend, choice.source) == ("triton", "heuristic")
+  assert dispatch.choose(_problem(4096, 4096, 4096), "auto").backend == "xla"
+  xla_won = tuning_cache.Tuned("xla", "dot_general", {}, time_ms=1.0, xla_time_ms=1.0,
+                               shape="1x1327x853x7", source="table")
+  monkeypatch.setattr(tuning_cache, "lookup", lambda *a, **k: [xla_won])
+  assert dispatch.choose(win, "auto").backend == "xla"
+
+
 def test_index_64_switches_on_at_2_to_the_31_elements():
   assert not needs_index_64(_problem(2**15, 2**15, 2**15 - 1))
   assert needs_index_64(_problem(2**16, 64, 2**15))          # A has 2^31 elements

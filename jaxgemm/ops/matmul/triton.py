@@ -83,10 +83,11 @@ _TENSOR_CORE_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 
 # rules were measured on, and the K of a one-step GEMM.
 MEASURED_DEVICE_KINDS = ("H100", "H200")
 SHORT_K_WIN, SHORT_K_WIN_MIN_OUTPUT = 64, 4096
-# K up to this is "short" (see `TritonMatmul._tensor_core_tile`): 3968x3968x32
-# bf16 ran 1.27x XLA on 64x64 tiles and 0.57x on 128x256
-# (research/probes/heuristic-2026-11-25/random-variants.csv); at K = 192
-# (896x192x4416 fp16) the small tiles lost, 0.76x against 0.88x at 128x128.
+# K up to this is "short" (see `TritonMatmul._tensor_core_tile`): one or two
+# K steps, after which a tile only stores. With four waves of small tiles for
+# such K, 761x7x1959 bf16 ran 1.57x XLA and 1327x7x853 fp16 1.62x; at K = 192
+# (896x192x4416 fp16) the small tiles lost, 0.76x against 0.88x at 128x128
+# (research/probes/heuristic-2026-11-25/random-v2.csv, random-v3.csv).
 SHORT_K = 64
 # The least K a split-K slice gets (see `TritonMatmul._split_k_for`).
 MIN_SPLIT_K = 512
