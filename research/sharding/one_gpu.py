@@ -8,6 +8,7 @@ as the unsharded call, with the kernel chosen for the same (whole) problem.
 CPU dry run (wall clock, not GPU timings): .venv/bin/python research/sharding/one_gpu.py 256 xla
 """
 
+import difflib
 import re
 import sys
 
@@ -55,5 +56,9 @@ for backend in sys.argv[2:] or ("triton", "pallas", "xla"):
     print(f"{backend:7} same program: {same}, equal results: {equal}, "
           f"median ms unsharded {t_plain:.3f} / {t_plain2:.3f}, 1-device mesh {t_sharded:.3f}, "
           f"({TIMER.label}), kernels lowered for {[x.problem.describe() for x in seen]}")
+    if not same:   # what differs (the H200 run of 2026-11-25 printed False, not this)
+      print("\n".join(list(difflib.unified_diff(program(plain.as_text()).splitlines(),
+                                                 program(sharded.as_text()).splitlines(),
+                                                 lineterm=""))[:40]))
   except Exception as e:  # noqa: BLE001
     print(f"{backend:7} FAILED {type(e).__name__}: {str(e)[:400]}")
