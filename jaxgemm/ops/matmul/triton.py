@@ -104,6 +104,14 @@ ALIGN_MIN_OPERAND_BYTES = 1 << 20
 # so such a B is not transposed: 24x4188x16083 fp32 ran 1.19x XLA as stored,
 # 0.78x transposed first; 64x11584x2304 0.18x as stored, 0.41x transposed.
 TF32_REGISTER_PATH_MAX_REUSE = 32
+
+
+def _operand_bytes(problem: GemmProblem) -> int:
+  """Bytes of A and B together."""
+  return (problem.batch * (problem.m + problem.n) * problem.k
+          * np.dtype(problem.dtype).itemsize)
+
+
 def _not_k_major(problem: GemmProblem) -> tuple[bool, bool]:
   """Whether A, B are stored other than K-major (A (K, M), B (K, N))."""
   return problem.trans_a, not problem.trans_b
@@ -111,9 +119,7 @@ def _not_k_major(problem: GemmProblem) -> tuple[bool, bool]:
 
 def _worth_aligning(problem: GemmProblem) -> bool:
   """The heuristic's `align_operands` (see the constants above)."""
-  operand_bytes = (problem.batch * (problem.m + problem.n) * problem.k
-                   * np.dtype(problem.dtype).itemsize)
-  if operand_bytes < ALIGN_MIN_OPERAND_BYTES:
+  if _operand_bytes(problem) < ALIGN_MIN_OPERAND_BYTES:
     return False
   if problem.fp32_precision is not None:
     a_off, b_off = _not_k_major(problem)
@@ -216,11 +222,10 @@ class TritonMatmul(registry.Backend):
       return None
     if problem.fp32_precision == "ieee":
       return None
-    operand_bytes = (problem.batch * (problem.m + problem.n) * problem.k
-                     * np.dtype(problem.dtype).itemsize)
-    if (layout.misaligned_rows(problem) and operand_bytes >= ALIGN_MIN_OPERAND_BYTES
+    misaligned, operand_bytes = layout.misaligned_rows(problem), _operand_bytes(problem)
+    if (misaligned and operand_bytes >= ALIGN_MIN_OPERAND_BYTES
         and min(problem.m, problem.n) > 16):
-      return f"unaligned rows ({layout.misaligned_rows(problem)}), {operand_bytes} B of operands"
+      return f"unaligned rows ({misaligned}), {operand_bytes} B of operands"
     if (problem.fp32_precision is None and problem.k <= SHORT_K_WIN
         and problem.m * problem.n >= SHORT_K_WIN_MIN_OUTPUT):
       return f"{problem.k=} is one K step"
