@@ -1,0 +1,229 @@
+"""Public API: `ragged_dot` (lax.ragged_dot's contract) and `ragged_dot_general` (lax's).
+
+Both check the call as lax does (with errors that name the argument and what
+is valid), reduce it to `ragged_dot_p`'s canonical form (a leading batch
+dimension, merged from any leading batch dimensions: a free reshape), choose
+the kernel once, up front, and check the choice against the problem before
+anything is traced. What the kernels do not take (integer operands, other
+dimension numbers) runs on lax under `backend="auto"` and raises
+NotImplementedError, with the reason, for a named backend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxgemm import dispatch, registry
+from jaxgemm.config import KernelConfig
+from jaxgemm.ops.matmul.api import _canonical_precision
+from jaxgemm.ops.ragged_dot.primitive import bind
+from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
+
+OP = RaggedDotProblem.op
+
+
+def _check_group_sizes(group_sizes, groups: int, batch_shape: tuple[int, ...], what: str):
+  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise TypeError(f"{what}: group_sizes must have an integer dtype, got "
+                    f"group_sizes.dtype={group_sizes.dtype}")
+  expected = (*batch_shape, groups)
+  if tuple(group_sizes.shape) != expected:
+    raise TypeError(f"{what}: group_sizes.shape={group_sizes.shape} must be {expected} "
+                    f"(the batch dimensions, then one size per group of rhs)")
+
+
+def _kernel_problem(lhs, rhs, out_dtype, *, batch, groups, m, k, n, trans_rhs,
+                    ragged_contracting, precision):
+  """(RaggedDotProblem or None, why not)."""
+  if lhs.dtype == rhs.dtype:
+    dtype = np.dtype(lhs.dtype)
+  else:   # lax takes mixed dtypes in any promotion mode; the kernels, their promotion
+    try:
+      with jax.numpy_dtype_promotion("standard"):
+        dtype = np.dtype(jnp.promote_types(lhs.dtype, rhs.dtype))
+    except jax.dtypes.TypePromotionError:
+      return None, (f"the kernels need one operand dtype, and {lhs.dtype} x {rhs.dtype} "
+                    f"promote to none")
+  if dtype not in registry.FLOAT_DTYPES or out_dtype not in registry.FLOAT_DTYPES:
+    return None, (f"jaxgemm kernels take floating operands "
+                  f"{[d.name for d in registry.FLOAT_DTYPES]}; got lhs.dtype={lhs.dtype}, "
+                  f"rhs.dtype={rhs.dtype}, out dtype={out_dtype.name}")
+  try:
+    precision = _canonical_precision(precision)
+  except NotImplementedError as e:
+    return None, str(e)
+  acc_dtype = np.dtype(np.float64 if np.float64 in (dtype, out_dtype) else np.float32)
+  return RaggedDotProblem(batch, groups, m, k, n, dtype, out_dtype, acc_dtype, trans_rhs,
+                          ragged_contracting, precision), None
+
+
+def _route(problem, why_not, backend, variant, config):
+  """The primitive's kernel params, or None: lax computes the call (auto only)."""
+  dispatch.validate(OP, backend, variant, config)
+  if problem is None:
+    if backend == dispatch.AUTO:
+      return None
+    raise NotImplementedError(f"backend={backend!r} cannot run this ragged_dot: {why_not}")
+  dispatch.choose(problem, backend, variant, config)   # checks the choice before tracing
+  return dict(backend=backend, variant=variant, config=config)
+
+
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, *,
+               backend: str = "auto", variant: str | None = None,
+               config: KernelConfig | None = None) -> jax.Array:
+  """`jax.lax.ragged_dot` on jaxgemm's grouped GEMM kernels: a mixture-of-experts layer.
+
+  The rows of `lhs` are split, in order, into `len(group_sizes)` contiguous
+  groups, and each group is multiplied by its own matrix of `rhs`:
+  ``out[rows of g] = lhs[rows of g] @ rhs[g]``. Rows past ``sum(group_sizes)``
+  are zeros; a group's rows end at M. `group_sizes` is a device array: under
+  `jax.jit` it can change every step with no recompile and no host sync, and an
+  empty group costs nothing (its weights are not read).
+
+  Differentiable in `lhs` and `rhs` (both backward GEMMs are grouped GEMMs on
+  the same backend), and it composes with jit, grad, jvp and vmap.
+
+  Args:
+    lhs: (M, K) array, rows sorted by group.
+    rhs: (G, K, N) array, one matrix per group (expert).
+    group_sizes: (G,) integer array, rows per group.
+    precision, preferred_element_type: as for `lax.ragged_dot` (the result dtype;
+      accumulation is float32).
+    backend: "auto" (a kernel where one is known to beat XLA on this device,
+      else `lax.ragged_dot`), or one of `jaxgemm.backends("ragged_dot")`.
+    variant, config: a kernel of the backend and its config
+      (`jaxgemm.RaggedDotTritonConfig(...)`, `jaxgemm.RaggedDotPallasConfig(...)`);
+      None picks them for the problem.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, jaxgemm
+    >>> x = jnp.ones((6, 4)); w = jnp.stack([jnp.eye(4), 2 * jnp.eye(4)])
+    >>> y = jaxgemm.ragged_dot(x, w, jnp.array([2, 3]))    # rows 0-1, rows 2-4; row 5 zero
+    >>> y[:, 0].tolist()
+    [1.0, 1.0, 2.0, 2.0, 2.0, 0.0]
+    >>> jax.grad(lambda w: jaxgemm.ragged_dot(x, w, jnp.array([2, 3])).sum())(w).shape
+    (2, 4, 4)
+  """
+  lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+  if lhs.ndim != 2:
+    raise TypeError(f"ragged_dot: lhs must be 2-D (M, K), got lhs.shape={lhs.shape}")
+  if rhs.ndim != 3:
+    raise TypeError(f"ragged_dot: rhs must be 3-D (G, K, N), got rhs.shape={rhs.shape}")
+  if group_sizes.ndim != 1:
+    raise TypeError(f"ragged_dot: group_sizes must be 1-D (G,), got "
+                    f"group_sizes.shape={group_sizes.shape}")
+  return ragged_dot_general(
+      lhs, rhs, group_sizes, RAGGED_DOT_NUMBERS, precision=precision,
+      preferred_element_type=preferred_element_type, backend=backend, variant=variant,
+      config=config)
+
+
+# lax.ragged_dot's own dimension numbers.
+RAGGED_DOT_NUMBERS = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(([1], [1]), ([], [])), lhs_ragged_dimensions=[0],
+    rhs_group_dimensions=[0])
+
+
+def _layout(lhs_shape, rhs_shape, numbers: lax.RaggedDotDimensionNumbers):
+  """(nb, ragged_contracting, trans_rhs), or None and the reason the kernels cannot
+  take these dimension numbers.
+
+  The kernels take leading batch dimensions (the same on both sides) and then
+  lhs (M, K) with M ragged, and either rhs (G, K, N) / (G, N, K) (M not
+  contracted) or rhs (M, N) (M contracted: the weight gradient).
+  """
+  (lc, rc), (lb, rb) = numbers.dot_dimension_numbers
+  lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
+  ragged, group = tuple(numbers.lhs_ragged_dimensions), tuple(numbers.rhs_group_dimensions)
+  nb = len(lb)
+  if lb != tuple(range(nb)) or rb != tuple(range(nb)):
+    return None, f"batch dimensions {lb} x {rb} are not the leading dimensions of both"
+  if len(lhs_shape) != nb + 2 or ragged != (nb,):
+    return None, (f"lhs must be (*batch, M, K) with M ragged; got lhs.shape={lhs_shape}, "
+                  f"lhs_ragged_dimensions={ragged}")
+  if group == () and lc == (nb,) and rc == (nb,) and len(rhs_shape) == nb + 2:
+    return (nb, True, False), None
+  if group == (nb,) and lc == (nb + 1,) and len(rhs_shape) == nb + 3 and rc in (
+      (nb + 1,), (nb + 2,)):
+    return (nb, False, rc == (nb + 2,)), None
+  return None, (f"dimension numbers {numbers} are not one of the grouped GEMM forms "
+                f"(lhs (*B, M, K) ragged in M with rhs (*B, G, K, N) or (*B, G, N, K), "
+                f"or M contracted with rhs (*B, M, N))")
+
+
+def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
+                       precision=None, preferred_element_type=None, *,
+                       backend: str = "auto", variant: str | None = None,
+                       config: KernelConfig | None = None) -> jax.Array:
+  """`jax.lax.ragged_dot_general` on jaxgemm's grouped GEMM kernels.
+
+  The forms the kernels run (with any leading batch dimensions, the same on
+  both operands, and group_sizes (*batch, G)):
+
+  * lhs (M, K) ragged in M, rhs (G, K, N) or (G, N, K): (M, N), as `ragged_dot`;
+  * lhs (M, K) ragged in M, M contracted with rhs (M, N): (G, K, N), per group
+    lhs[rows g]^T @ rhs[rows g] (a mixture-of-experts weight gradient).
+
+  Other dimension numbers run on lax under backend="auto" and raise
+  NotImplementedError for a named backend.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxgemm
+    >>> from jax import lax
+    >>> x, dy = jnp.ones((5, 3)), jnp.ones((5, 2))
+    >>> numbers = lax.RaggedDotDimensionNumbers(((([0], [0]), ([], []))), [0], [])
+    >>> jaxgemm.ragged_dot_general(x, dy, jnp.array([2, 3]), numbers)[:, 0, 0].tolist()
+    [2.0, 3.0]
+  """
+  lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+  numbers = ragged_dot_dimension_numbers
+  layout, why_not = _layout(lhs.shape, rhs.shape, numbers)
+  problem = None
+  if layout is not None:
+    nb, ragged_contracting, trans_rhs = layout
+    batch_shape = lhs.shape[:nb]
+    if rhs.shape[:nb] != batch_shape:
+      raise TypeError(f"ragged_dot_general: batch dimensions differ: lhs.shape={lhs.shape}, "
+                      f"rhs.shape={rhs.shape}")
+    m, k = lhs.shape[nb:]
+    if ragged_contracting:
+      if rhs.shape[nb] != m:
+        raise TypeError(f"ragged_dot_general: contracting dimensions differ: "
+                        f"lhs.shape={lhs.shape} has M={m}, rhs.shape={rhs.shape} has "
+                        f"{rhs.shape[nb]}")
+      groups, n = group_sizes.shape[-1] if group_sizes.ndim else 0, rhs.shape[nb + 1]
+    else:
+      groups = rhs.shape[nb]
+      rhs_k, n = ((rhs.shape[nb + 2], rhs.shape[nb + 1]) if trans_rhs
+                  else (rhs.shape[nb + 1], rhs.shape[nb + 2]))
+      if rhs_k != k:
+        raise TypeError(f"ragged_dot: contracting dimensions differ: lhs.shape={lhs.shape} "
+                        f"has K={k}, rhs.shape={rhs.shape} has K={rhs_k}")
+    _check_group_sizes(group_sizes, groups, batch_shape, "ragged_dot")
+  # lax's own checks and result dtype (mixed operand dtypes promote as lax does).
+  out_dtype = np.dtype(jax.eval_shape(
+      lambda l, r, g: lax.ragged_dot_general(l, r, g, numbers,
+                                             preferred_element_type=preferred_element_type),
+      lhs, rhs, group_sizes).dtype)
+  if layout is not None:
+    problem, why_not = _kernel_problem(
+        lhs, rhs, out_dtype, batch=math.prod(batch_shape), groups=groups, m=m, k=k, n=n,
+        trans_rhs=trans_rhs, ragged_contracting=ragged_contracting, precision=precision)
+  route = _route(problem, why_not, backend, variant, config)
+  if route is None:
+    return lax.ragged_dot_general(lhs, rhs, group_sizes, numbers, precision=precision,
+                                  preferred_element_type=preferred_element_type)
+  b = problem.batch
+  out = bind(lhs.astype(problem.dtype).reshape(b, m, k),
+             rhs.astype(problem.dtype).reshape(b, *rhs.shape[nb:]),
+             group_sizes.reshape(b, groups), ragged_contracting=ragged_contracting,
+             trans_rhs=trans_rhs, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
+             precision=problem.precision, **route)
+  if ragged_contracting:   # lax's result: (G, *batch, K, N)
+    return jnp.moveaxis(out, 1, 0).reshape(groups, *batch_shape, k, n)
+  return out.reshape(*batch_shape, m, n)
