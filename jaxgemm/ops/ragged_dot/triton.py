@@ -1,0 +1,205 @@
+"""The `triton` backend of `ragged_dot`: the grouped kernels in `jaxgemm.kernels.triton.ragged_dot`.
+
+One variant, `grouped`: a tensor-core GEMM per (group, tile) whose mapping of
+tiles to groups is read from a table computed on the device
+(`jaxgemm.ops.ragged_dot.schedule`), so routing can change every step with no
+recompile. On the CPU the same kernel source runs in Triton's interpreter.
+
+Tile names follow the GEMM each mode is: ragged-M (forward, lhs gradient)
+tiles its output M x N and steps over K; ragged-K (weight gradient,
+out (G, K, N)) tiles its output K x N as block_m x block_n and steps over the
+group's rows in block_k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import numpy as np
+
+from jaxgemm import registry
+from jaxgemm.config import KernelConfig, int_range, power_of_two
+from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
+
+# Hopper's opt-in shared memory per block (227 KB), what a config may fill.
+SMEM_BYTES = 227 * 1024
+
+_DTYPES = tuple(map(np.dtype, ("float16", "bfloat16", "float32")))
+_OUT_DTYPES = _DTYPES
+
+# Tensor-core tiles, largest first: (block_m, block_n, block_k of 16-bit
+# operands, num_warps, num_stages). 128x256x64 in 3 stages is the matmul's
+# 750 TFLOP/s tile (../../shared/GPU_NOTES.md); the others trade per-tile
+# efficiency for less work wasted on tiles cut by group boundaries (ragged-M)
+# and more programs on the SMs.
+_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 256, 64, 4, 3),
+          (64, 128, 64, 4, 4))
+# Exact fp32 (precision=HIGHEST) runs as FMA on CUDA cores: the matmul's
+# `pipelined` tile (46 TFLOP/s at 8192^3 on the H200).
+_IEEE_TILE = (64, 128, 32, 4, 3)
+# Ragged-M: below this many rows per group on average, 64-row tiles (a group
+# boundary cuts a tile into two runs; with fewer rows per group a larger
+# share of the work is such duplicated runs).
+SMALL_GROUP_ROWS = 512
+NUM_SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedDotTritonConfig(KernelConfig):
+  """Tiling and launch parameters of the grouped Triton kernels.
+
+  Ragged-M: output tile block_m (rows) x block_n, K in block_k steps.
+  Ragged-K (out (G, K, N)): output tile block_m (along K) x block_n, the
+  group's rows in block_k steps. group_m: tile rows walked per column (L2 reuse).
+
+  >>> RaggedDotTritonConfig(block_m=64, block_n=128, block_k=64, num_warps=4).block_m
+  64
+  """
+
+  backend = "triton"
+  block_m: int = power_of_two(16, 256, default=128)
+  block_n: int = power_of_two(16, 256, default=128)
+  block_k: int = power_of_two(16, 256, default=64)
+  group_m: int = int_range(1, 64, default=8)
+  num_warps: int = power_of_two(1, 16, default=8)
+  num_stages: int = int_range(1, 8, default=3)
+
+
+def _pow2_at_least(x: int, lo: int, hi: int) -> int:
+  p = lo
+  while p < x and p < hi:
+    p *= 2
+  return p
+
+
+def _out_rows_cols(problem: RaggedDotProblem) -> tuple[int, int, int]:
+  """(output tile rows dim, output cols dim, reduction dim) of the mode's GEMM."""
+  if problem.ragged_contracting:
+    return problem.k, problem.n, max(1, problem.m // max(1, problem.groups))
+  return problem.m, problem.n, problem.k
+
+
+def _clamped(problem: RaggedDotProblem, tiles: dict) -> dict:
+  """`tiles` with no block larger than the next power of two over the problem."""
+  rows, cols, red = _out_rows_cols(problem)
+  min_rows = 64 if rows >= 64 else 16
+  return {**tiles,
+          "block_m": _pow2_at_least(rows, min_rows, tiles["block_m"]),
+          "block_n": _pow2_at_least(cols, 16, tiles["block_n"]),
+          "block_k": _pow2_at_least(red, 16, tiles["block_k"])}
+
+
+def _tile_dict(tile, k_scale: int = 1) -> dict:
+  block_m, block_n, block_k, num_warps, num_stages = tile
+  return dict(block_m=block_m, block_n=block_n, block_k=max(16, block_k // k_scale),
+              num_warps=num_warps, num_stages=num_stages, group_m=8)
+
+
+class TritonRaggedDot(registry.Backend):
+  op = "ragged_dot"
+  name = "triton"
+  # Code that decides a tuned config's speed: a change to it stales the records.
+  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.ragged_dot",
+                    "jaxgemm.triton_call", "jaxgemm.ops.ragged_dot.schedule")
+  config_cls = RaggedDotTritonConfig
+  variants = ("grouped",)
+
+  def unavailable_reason(self) -> str | None:
+    try:
+      import triton  # noqa: F401, PLC0415
+    except ImportError:
+      return "the `triton` package is not installed (pip install 'jaxgemm[triton]')"
+    return None
+
+  @staticmethod
+  def _k_scale(problem: RaggedDotProblem) -> int:
+    return np.dtype(problem.dtype).itemsize // 2   # fp32: half as deep, same bytes
+
+  def default_config(self, problem: RaggedDotProblem, variant: str) -> RaggedDotTritonConfig:
+    """The heuristic tile: the matmul's 128x256x64 tile where groups are large, a
+    smaller one where tiles cut by group boundaries or too few programs would
+    waste the SMs; clamped to the problem (tiny CPU problems run few programs)."""
+    if problem.fp32_precision == "ieee":
+      return self._within_smem(problem, RaggedDotTritonConfig(**_clamped(
+          problem, _tile_dict(_IEEE_TILE))))
+    k_scale = self._k_scale(problem)
+    if problem.ragged_contracting:
+      tile = _TILES[0]
+      for candidate in _TILES[:2]:
+        tile = candidate
+        tiles = (problem.batch * problem.groups * -(-problem.k // candidate[0])
+                 * -(-problem.n // candidate[1]))
+        if tiles >= NUM_SMS:
+          break
+    else:
+      rows_per_group = problem.m / max(1, problem.groups)
+      tile = _TILES[0] if rows_per_group >= SMALL_GROUP_ROWS else _TILES[3]
+      if problem.n <= 128 and tile[1] > 128:
+        tile = _TILES[1]
+    config = RaggedDotTritonConfig(**_clamped(problem, _tile_dict(tile, k_scale)))
+    return self._within_smem(problem, config)
+
+  def tuning_candidates(self, problem: RaggedDotProblem) -> list[tuple[str, KernelConfig]]:
+    """The heuristic's tile first, then the other tensor-core tiles (clamped, fitted)."""
+    base = self.default_config(problem, "grouped")
+    out = [("grouped", base)]
+    if problem.fp32_precision == "ieee":
+      return out
+    k_scale = self._k_scale(problem)
+    for tile in _TILES:
+      config = self._within_smem(problem, RaggedDotTritonConfig(
+          **_clamped(problem, _tile_dict(tile, k_scale))))
+      if config not in [c for _, c in out]:
+        out.append(("grouped", config))
+    return out
+
+  def _within_smem(self, problem, config: RaggedDotTritonConfig) -> RaggedDotTritonConfig:
+    """`config` with fewer stages, then narrower N tiles, until it fits in shared memory."""
+    while self._smem_bytes(problem, config)[0] > SMEM_BYTES:
+      if config.num_stages > 2:
+        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
+      elif config.block_n > 16:
+        config = dataclasses.replace(config, block_n=config.block_n // 2)
+      else:
+        break   # check() reports it
+    return config
+
+  @staticmethod
+  def _smem_bytes(problem: RaggedDotProblem, config) -> tuple[int, str]:
+    """(bytes of shared memory the launch needs, the formula in words): num_stages
+    copies of both operand tiles in their dtype, as the matmul's tensorcore rung."""
+    itemsize = np.dtype(problem.dtype).itemsize
+    smem = config.num_stages * (config.block_m + config.block_n) * config.block_k * itemsize
+    formula = (f"num_stages={config.num_stages} x (block_m={config.block_m} + "
+               f"block_n={config.block_n}) x block_k={config.block_k} x {itemsize} B")
+    return smem, formula
+
+  def check(self, problem: RaggedDotProblem, variant: str, config: KernelConfig) -> None:
+    what = f"backend='triton' variant={variant!r} (ragged_dot)"
+    if variant not in self.variants:
+      raise ValueError(f"unknown variant={variant!r} for {what}; valid: {list(self.variants)}")
+    registry.require_dtypes(problem, what, _DTYPES)
+    if np.dtype(problem.out_dtype) not in _OUT_DTYPES:
+      raise NotImplementedError(
+          f"{what} does not support out dtype={np.dtype(problem.out_dtype).name}; "
+          f"supported: {[d.name for d in _OUT_DTYPES]}")
+    if np.dtype(problem.acc_dtype) != np.float32:
+      raise NotImplementedError(f"{what} accumulates in float32 only, "
+                                f"got acc_dtype={np.dtype(problem.acc_dtype).name}")
+    for field in ("block_m", "block_n", "block_k"):
+      if getattr(config, field) < 16:
+        raise ValueError(f"{what}: tl.dot needs {field} >= 16, got {getattr(config, field)}")
+    smem, formula = self._smem_bytes(problem, config)
+    if smem > SMEM_BYTES:
+      raise ValueError(
+          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
+          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+
+  def impl(self, problem: RaggedDotProblem, variant: str, config: KernelConfig, platform: str):
+    grouped = importlib.import_module("jaxgemm.kernels.triton.ragged_dot.grouped")
+    return lambda lhs, rhs, group_sizes: grouped.ragged_dot(
+        lhs, rhs, group_sizes, problem, config, platform)
+
+
+registry.register(TritonRaggedDot())
