@@ -433,7 +433,9 @@ def _entered(mesh):
       yield
 
 
-def _spec_of(arg, what: str) -> P:
+def _spec_of(arg, what: str, *, unknown_is_replicated: bool = False) -> P:
+  if arg.sharding is None and unknown_is_replicated:
+    return P()
   spec = getattr(arg.sharding, "spec", None)
   if spec is None:
     raise RuntimeError(
@@ -528,8 +530,11 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
             tuple(NamedSharding(mesh, s) for s in the_plan.operands))
 
   def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):   # GSPMD
+    # GSPMD asks before it has propagated a sharding to every operand (one computed
+    # in the program from constants: ragged_dot's group bounds); the known ones decide.
     the_plan = plan(rule_of(**dict(params)),
-                    [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)])
+                    [_spec_of(x, f"operand {i}", unknown_is_replicated=True)
+                     for i, x in enumerate(arg_shapes)])
     return NamedSharding(mesh, the_plan.result)
 
   def sharding_rule(params, mesh, operand_types, result_types):   # Shardy

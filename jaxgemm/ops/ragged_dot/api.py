@@ -21,6 +21,7 @@ from jax import lax
 from jaxgemm import dispatch, registry
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops.matmul.api import _canonical_precision
+from jaxgemm.ops.ragged_dot import schedule
 from jaxgemm.ops.ragged_dot.primitive import bind
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
@@ -221,7 +222,8 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
   b = problem.batch
   out = bind(lhs.astype(problem.dtype).reshape(b, m, k),
              rhs.astype(problem.dtype).reshape(b, *rhs.shape[nb:]),
-             group_sizes.reshape(b, groups), ragged_contracting=ragged_contracting,
+             schedule.group_bounds(group_sizes.reshape(b, groups), m),
+             ragged_contracting=ragged_contracting,
              trans_rhs=trans_rhs, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
              precision=problem.precision, **route)
   if ragged_contracting:   # lax's result: (G, *batch, K, N)

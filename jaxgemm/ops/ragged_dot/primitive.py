@@ -1,13 +1,18 @@
 """`ragged_dot_p`: the primitive of the grouped GEMM, with its rules.
 
-Canonical form (`RaggedDotProblem` has the shapes): lhs (B, M, K), whose M rows
-fall into G contiguous groups of `group_sizes` (B, G) rows, and
+Canonical form (`RaggedDotProblem` has the shapes): lhs (B, M, K), whose rows
+fall into G contiguous groups, the rows of group g being
+[group_bounds[b, 0, g], group_bounds[b, 1, g]) (`schedule.group_bounds` makes
+them from lax's group sizes: (B, 2, G) int32), and
 
 * ragged-M (`ragged_contracting=False`): rhs (B, G, K, N), or (B, G, N, K)
   with `trans_rhs`; out (B, M, N), each group's rows times its group's rhs,
-  rows past sum(group_sizes) zero;
+  rows in no group zero;
 * ragged-K (`ragged_contracting=True`): rhs (B, M, N); out (B, G, K, N), the
   sum over each group's rows of lhs^T rhs.
+
+Bounds rather than sizes, so that one device of a sharded call can be given
+its own groups within its own rows (`sharding_rule`, `_local_call`).
 
 The two modes are each other's gradients, so every transformation closes over
 this one primitive (C = out, dC its cotangent, rows(g) the rows of group g):
@@ -20,9 +25,9 @@ this one primitive (C = out, dC its cotangent, rows(g) the rows of group g):
                dD = ragged-M(A, dC)
 
 Each backward GEMM carries the forward's kernel choice and is resolved at
-lowering for its own shape, as matmul_p's are. `group_sizes` is an integer
-operand: no tangent, no cotangent, and (a device array) no recompile when it
-changes. vmap folds the mapped axis into B.
+lowering for its own shape, as matmul_p's are. The bounds are an integer
+operand: no tangent, no cotangent, and (a device array) no recompile when they
+change. vmap folds the mapped axis into B.
 """
 
 from __future__ import annotations
@@ -32,31 +37,32 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
-from jaxgemm import dispatch, registry
+from jaxgemm import dispatch, registry, sharding
 from jaxgemm.ops.base import Op, normal_operands
+from jaxgemm.ops.ragged_dot import schedule
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
 ragged_dot_p = Primitive("jaxgemm_ragged_dot")
 
 
-def problem_of(lhs, rhs, group_sizes, *, ragged_contracting, trans_rhs, out_dtype, acc_dtype,
-               precision, **_) -> RaggedDotProblem:
-  """The RaggedDotProblem that `ragged_dot_p.bind(lhs, rhs, group_sizes, **params)` computes."""
+def problem_of(lhs, rhs, group_bounds, *, ragged_contracting, trans_rhs, out_dtype, acc_dtype,
+               precision, rows_before_groups=False, **_) -> RaggedDotProblem:
+  """The RaggedDotProblem that `ragged_dot_p.bind(lhs, rhs, group_bounds, **params)` computes."""
   if len(lhs.shape) != 3:
     raise TypeError(f"ragged_dot_p takes lhs of shape (B, M, K); lhs.shape={lhs.shape}")
   batch, m, k = lhs.shape
-  if len(group_sizes.shape) != 2 or group_sizes.shape[0] != batch:
-    raise TypeError(f"ragged_dot_p takes group_sizes of shape (B, G) with B={batch}; "
-                    f"group_sizes.shape={group_sizes.shape}")
-  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-    raise TypeError(f"ragged_dot_p's group_sizes must be integers, got {group_sizes.dtype}")
+  if (len(group_bounds.shape) != 3 or group_bounds.shape[:2] != (batch, 2)
+      or group_bounds.dtype != jnp.int32):
+    raise TypeError(f"ragged_dot_p takes int32 group_bounds of shape (B, 2, G) with "
+                    f"B={batch}; got {group_bounds.dtype}{list(group_bounds.shape)}")
   if lhs.dtype != rhs.dtype:
     raise TypeError(f"ragged_dot_p operands must share a dtype; got lhs.dtype={lhs.dtype}, "
                     f"rhs.dtype={rhs.dtype}")
-  groups = group_sizes.shape[1]
+  groups = group_bounds.shape[2]
   if ragged_contracting:
     n = rhs.shape[-1]
     expected = (batch, m, n)
@@ -65,24 +71,25 @@ def problem_of(lhs, rhs, group_sizes, *, ragged_contracting, trans_rhs, out_dtyp
     expected = (batch, groups, n, k) if trans_rhs else (batch, groups, k, n)
   if tuple(rhs.shape) != expected:
     raise TypeError(f"ragged_dot_p: rhs.shape={rhs.shape} does not fit lhs.shape={lhs.shape} "
-                    f"and group_sizes.shape={group_sizes.shape}: expected {expected} "
+                    f"and group_bounds.shape={group_bounds.shape}: expected {expected} "
                     f"({ragged_contracting=}, {trans_rhs=})")
   return RaggedDotProblem(batch, groups, m, k, n, np.dtype(lhs.dtype), np.dtype(out_dtype),
-                          np.dtype(acc_dtype), trans_rhs, ragged_contracting, precision)
+                          np.dtype(acc_dtype), trans_rhs, ragged_contracting, precision,
+                          rows_before_groups)
 
 
-def bind(lhs, rhs, group_sizes, *, ragged_contracting=False, trans_rhs=False, out_dtype,
-         acc_dtype, precision, backend, variant, config):
-  """ragged_dot_p.bind with every param (group sizes as int32)."""
-  return ragged_dot_p.bind(lhs, rhs, group_sizes.astype(jnp.int32),
+def bind(lhs, rhs, group_bounds, *, ragged_contracting=False, trans_rhs=False, out_dtype,
+         acc_dtype, precision, backend, variant, config, rows_before_groups=False):
+  """ragged_dot_p.bind with every param."""
+  return ragged_dot_p.bind(lhs, rhs, group_bounds, rows_before_groups=rows_before_groups,
                            ragged_contracting=bool(ragged_contracting),
                            trans_rhs=bool(trans_rhs), out_dtype=np.dtype(out_dtype),
                            acc_dtype=np.dtype(acc_dtype), precision=precision,
                            backend=backend, variant=variant, config=config)
 
 
-def _abstract_eval(lhs, rhs, group_sizes, **params):
-  problem = problem_of(lhs, rhs, group_sizes, **params)
+def _abstract_eval(lhs, rhs, group_bounds, **params):
+  problem = problem_of(lhs, rhs, group_bounds, **params)
   return jax.core.ShapedArray(problem.out_shape, problem.out_dtype)
 
 
@@ -92,12 +99,12 @@ def _lower_choice(ctx, args, problem, choice: dispatch.Choice, platform):
   return mlir.lower_fun(impl, multiple_results=False)(ctx, *args)
 
 
-def _lowering(ctx, lhs, rhs, group_sizes, *, platform, **params):
+def _lowering(ctx, lhs, rhs, group_bounds, *, platform, **params):
   problem = problem_of(*ctx.avals_in, **params)
   if problem.is_empty:
     impl = lambda *_: jnp.zeros(problem.out_shape, problem.out_dtype)
-    return mlir.lower_fun(impl, multiple_results=False)(ctx, lhs, rhs, group_sizes)
-  args = (lhs, rhs, group_sizes)
+    return mlir.lower_fun(impl, multiple_results=False)(ctx, lhs, rhs, group_bounds)
+  args = (lhs, rhs, group_bounds)
   choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
                            platform=platform)
   if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
@@ -116,37 +123,38 @@ def _impl(*args, **params):
 
 # ---------------------------------------------------------------- autodiff
 
-def _backward(primal_aval, params, lhs, rhs, group_sizes, *, ragged_contracting, trans_rhs):
+def _backward(primal_aval, params, lhs, rhs, group_bounds, *, ragged_contracting, trans_rhs):
   """A backward GEMM: in the primal's dtype, with the forward's precision and kernel choice."""
-  return bind(lhs.astype(primal_aval.dtype), rhs.astype(primal_aval.dtype), group_sizes,
+  return bind(lhs.astype(primal_aval.dtype), rhs.astype(primal_aval.dtype), group_bounds,
               ragged_contracting=ragged_contracting, trans_rhs=trans_rhs,
               out_dtype=primal_aval.dtype, acc_dtype=params["acc_dtype"],
               precision=params["precision"], backend=params["backend"],
-              variant=params["variant"], config=params["config"])
+              variant=params["variant"], config=params["config"],
+              rows_before_groups=params["rows_before_groups"])
 
 
 def _jvp(primals, tangents, **params):
-  lhs, rhs, group_sizes = primals
+  lhs, rhs, group_bounds = primals
   d_lhs, d_rhs, _ = tangents
-  out = ragged_dot_p.bind(lhs, rhs, group_sizes, **params)
+  out = ragged_dot_p.bind(lhs, rhs, group_bounds, **params)
   terms = []
   if type(d_lhs) is not ad.Zero:
-    terms.append(ragged_dot_p.bind(d_lhs, rhs, group_sizes, **params))
+    terms.append(ragged_dot_p.bind(d_lhs, rhs, group_bounds, **params))
   if type(d_rhs) is not ad.Zero:
-    terms.append(ragged_dot_p.bind(lhs, d_rhs, group_sizes, **params))
+    terms.append(ragged_dot_p.bind(lhs, d_rhs, group_bounds, **params))
   if not terms:
     return out, ad.Zero.from_primal_value(out)
   return out, functools.reduce(jnp.add, terms)
 
 
-def _transpose(ct, lhs, rhs, group_sizes, *, ragged_contracting, trans_rhs, **params):
-  if ad.is_undefined_primal(group_sizes):
-    raise TypeError("ragged_dot_p is not linear in group_sizes")
+def _transpose(ct, lhs, rhs, group_bounds, *, ragged_contracting, trans_rhs, **params):
+  if ad.is_undefined_primal(group_bounds):
+    raise TypeError("ragged_dot_p is not linear in group_bounds")
   if type(ct) is ad.Zero:
     return [None, None, None]
   lhs_aval = lhs.aval if ad.is_undefined_primal(lhs) else jax.typeof(lhs)
   rhs_aval = rhs.aval if ad.is_undefined_primal(rhs) else jax.typeof(rhs)
-  back = functools.partial(_backward, params=params, group_sizes=group_sizes)
+  back = functools.partial(_backward, params=params, group_bounds=group_bounds)
   d_lhs = d_rhs = None
   if ragged_contracting:          # C[g] = A[rows g]^T D[rows g]
     if ad.is_undefined_primal(lhs):
@@ -182,13 +190,50 @@ ragged_dot_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[ragged_dot_p] = _jvp
 ad.primitive_transposes[ragged_dot_p] = _transpose
 batching.primitive_batchers[ragged_dot_p] = _batch_rule
-for _platform in ("cuda", "cpu"):
-  mlir.register_lowering(ragged_dot_p, functools.partial(_lowering, platform=_platform),
-                         platform=_platform)
 
 
-def _call(problem: RaggedDotProblem, lhs, rhs, group_sizes, *, backend, variant, config):
-  return bind(lhs, rhs, group_sizes, ragged_contracting=problem.ragged_contracting,
+# ---------------------------------------------------------------- sharding
+
+def sharding_rule(*, ragged_contracting, trans_rhs, **_) -> sharding.EinsumRule:
+  """ragged_dot_p's einsum (the bounds' pair dimension `t` is never split):
+
+  * ragged-M ``"b m k, b g k n, b t g -> b m n"``: tokens (m) sharded stay
+    local; experts (g) sharded make expert parallelism, each device filling
+    the rows of its own groups and the rest zeros, summed over the expert axes;
+  * ragged-K ``"b m k, b m n, b t g -> b g k n"``: each device sums its own
+    rows (m sharded: one psum), or computes its own experts' blocks (g).
+
+  >>> str(sharding_rule(ragged_contracting=False, trans_rhs=True))
+  'b m k, b g n k, b t g -> b m n'
+  """
+  if ragged_contracting:
+    return sharding.EinsumRule.parse("b m k, b m n, b t g -> b g k n", replicated=("t",))
+  rhs = "b g n k" if trans_rhs else "b g k n"
+  return sharding.EinsumRule.parse(f"b m k, {rhs}, b t g -> b m n", replicated=("t",))
+
+
+def _local_call(bind_local, operands, params, plan: sharding.Plan):
+  """One device's call: its groups' bounds (sharded with g) moved into its own rows."""
+  lhs, rhs, bounds = operands
+  row_axes = plan.factor_axes.get("m", ())
+  if row_axes:
+    rows = lhs.shape[1]
+    first_row = lax.axis_index(row_axes if len(row_axes) > 1 else row_axes[0]) * rows
+    bounds = jnp.clip(bounds - first_row, 0, rows).astype(jnp.int32)
+  sharded = bool(row_axes or plan.factor_axes.get("g", ()))
+  return bind_local(lhs, rhs, bounds, **{**params, "rows_before_groups": sharded})
+
+
+# The kernel lowerings move to `ragged_dot_local_p`, bound on each device's
+# shards; ragged_dot_p lowers to the partitioned call (one device: directly).
+ragged_dot_local_p = sharding.make_partitionable(
+    ragged_dot_p, sharding_rule,
+    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")},
+    local_call=_local_call)
+
+
+def _call(problem: RaggedDotProblem, lhs, rhs, group_bounds, *, backend, variant, config):
+  return bind(lhs, rhs, group_bounds, ragged_contracting=problem.ragged_contracting,
               trans_rhs=problem.trans_rhs, out_dtype=problem.out_dtype,
               acc_dtype=problem.acc_dtype, precision=problem.precision, backend=backend,
               variant=variant, config=config)
@@ -208,7 +253,7 @@ def _example_operands(problem: RaggedDotProblem, key):
   k_ops, k_sizes = jax.random.split(key)
   lhs, rhs = normal_operands([(problem.lhs_shape, problem.dtype),
                               (problem.rhs_shape, problem.dtype)], k_ops)
-  return [lhs, rhs, example_group_sizes(problem, k_sizes)]
+  return [lhs, rhs, schedule.group_bounds(example_group_sizes(problem, k_sizes), problem.m)]
 
 
 RAGGED_DOT = registry.register_op(Op(

@@ -13,14 +13,14 @@ from jaxgemm.ops.base import Problem
 @dataclasses.dataclass(frozen=True)
 class RaggedDotProblem(Problem):
   """One grouped GEMM. The rows of `lhs` (M of them) are split into G contiguous groups
-  whose sizes are a device array (`group_sizes`, (batch, G)), known only when it runs.
+  whose bounds are a device array (`group_bounds`, (batch, 2, G)), known only when it runs.
 
   Two modes (jax calls them ragged non-contracting and ragged contracting):
 
   * `ragged_contracting=False`, the forward of a mixture-of-experts layer:
     lhs (B, M, K), rhs (B, G, K, N) (or (B, G, N, K) with `trans_rhs`),
     out (B, M, N) with out[b, rows of g] = lhs[b, rows of g] @ rhs[b, g]; rows
-    past sum(group_sizes) are zeros.
+    in no group are zeros.
   * `ragged_contracting=True`, the weight gradient: lhs (B, M, K), rhs (B, M, N),
     out (B, G, K, N) with out[b, g] = lhs[b, rows of g]^T @ rhs[b, rows of g];
     an empty group's block is zeros.
@@ -45,6 +45,9 @@ class RaggedDotProblem(Problem):
   trans_rhs: bool = False
   ragged_contracting: bool = False
   precision: tuple[lax.Precision, lax.Precision] | None = None
+  # One device's share of a sharded call: its first group may start past row 0
+  # (the kernels handle any bounds; XLA's ragged_dot needs them moved to row 0).
+  rows_before_groups: bool = False
 
   @property
   def lhs_shape(self) -> tuple[int, int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -58,12 +59,21 @@ class XlaRaggedDot(registry.Backend):
     narrow_out = np.dtype(problem.out_dtype).itemsize <= np.dtype(problem.dtype).itemsize
     preferred = problem.out_dtype if narrow_out else problem.acc_dtype
 
-    def xla_ragged_dot(lhs, rhs, group_sizes):
-      out = lax.ragged_dot_general(lhs, rhs, group_sizes, numbers,
-                                   precision=problem.precision,
+    def xla_ragged_dot(lhs, rhs, group_bounds):
+      sizes = group_bounds[:, 1] - group_bounds[:, 0]
+      if problem.rows_before_groups:
+        # lax's groups start at row 0: move this device's first group there.
+        shift = jax.vmap(lambda x, s: jnp.roll(x, -s, axis=0))
+        first = group_bounds[:, 0, 0]
+        lhs = shift(lhs, first)
+        if problem.ragged_contracting:
+          rhs = shift(rhs, first)
+      out = lax.ragged_dot_general(lhs, rhs, sizes, numbers, precision=problem.precision,
                                    preferred_element_type=preferred)
       if problem.ragged_contracting:   # lax puts the group dimension first: (G, B, K, N)
         out = jnp.moveaxis(out, 0, 1)
+      elif problem.rows_before_groups:   # back in place; the rows rolled in are zeros
+        out = jax.vmap(lambda x, s: jnp.roll(x, s, axis=0))(out, first)
       return out.astype(problem.out_dtype)
 
     return xla_ragged_dot
