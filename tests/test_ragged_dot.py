@@ -300,3 +300,36 @@ def test_other_dimension_numbers_go_to_lax_under_auto_only(rng):
                              lax.ragged_dot_general(lhs, rhs, sizes, numbers), rtol=1e-6)
   with pytest.raises(NotImplementedError, match="cannot run this ragged_dot: lhs must be"):
     jaxgemm.ragged_dot_general(lhs, rhs, sizes, numbers, backend="xla")
+
+
+# ----------------------------------------------------------------- the schedule
+
+@pytest.mark.parametrize("trial", range(40))
+def test_row_tiles_cover_every_row_once(trial, rng):
+  """Each row is in exactly one slot, of its own group (or of the zero pseudo-group G),
+  each slot within one block_m tile; also for a device's share of a sharded call."""
+  from jaxgemm.ops.ragged_dot import schedule
+  m, groups = int(rng.integers(1, 300)), int(rng.integers(1, 9))
+  block_m, batch = int(rng.choice([16, 64, 128])), int(rng.integers(1, 3))
+  sizes = rng.integers(0, m, size=(batch, groups)) * (rng.random((batch, groups)) < 0.7)
+  if trial % 3 == 0:
+    sizes = rng.multinomial(m, np.ones(groups) / groups, size=batch)
+  bounds = schedule.group_bounds(jnp.asarray(sizes, jnp.int32), m)
+  if trial % 2:   # groups [g0, g0 + count) within rows [r0, r0 + m)
+    g0 = int(rng.integers(0, groups))
+    count, r0 = int(rng.integers(1, groups - g0 + 1)), int(rng.integers(0, m))
+    wide = schedule.group_bounds(jnp.asarray(sizes, jnp.int32), m + r0 + 50)
+    bounds, groups = schedule.local_bounds(wide, g0, count, r0, m), count
+  table = np.asarray(schedule.row_tiles(bounds, m, block_m))
+  assert table.shape == (batch, 3, schedule.num_slots(m, groups, block_m))
+  for b in range(batch):
+    want = np.full(m, groups)
+    for g in range(groups):
+      want[bounds[b, 0, g]:bounds[b, 1, g]] = g
+    owner = np.full(m, -1)
+    for group, start, end in table[b].T:
+      if start < end:
+        assert (start // block_m) == (end - 1) // block_m, (start, end)
+        assert (owner[start:end] == -1).all(), "a row in two slots"
+        owner[start:end] = group
+    np.testing.assert_array_equal(owner, want)
