@@ -304,7 +304,7 @@ def test_other_dimension_numbers_go_to_lax_under_auto_only(rng):
 
 # ----------------------------------------------------------------- the schedule
 
-@pytest.mark.parametrize("trial", range(40))
+@pytest.mark.parametrize("trial", range(12))   # ~1 s each: a compile per shape
 def test_row_tiles_cover_every_row_once(trial, rng):
   """Each row is in exactly one slot, of its own group (or of the zero pseudo-group G),
   each slot within one block_m tile; also for a device's share of a sharded call."""
