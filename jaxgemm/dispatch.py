@@ -9,7 +9,10 @@ For a named backend, the config is, in this order:
 3. the table shipped in the package for this device kind
    (``jaxgemm/tables/nvidia-h200.json``, made by this project's tuning run);
 4. the backend's heuristic (`Backend.default_variant` / `default_config`:
-   measured defaults with tiles clamped to the problem).
+   measured defaults with tiles clamped to the problem), sized for the
+   device that runs the kernel (`Backend.for_platform`: the lowering's
+   platform; Triton's tiles fill that device's SMs, and in the CPU
+   interpreter, which has none to fill, are the largest that fit).
 
 With ``variant=None`` steps 2 and 3 also choose the variant: the backend's
 fastest tuned one. ``backend="auto"`` looks at the tuned records of every
@@ -177,7 +180,7 @@ def choose(problem: Problem, backend: str = AUTO, variant: str | None = None,
       return tuned[0][1]
     if not tuned:
       for name in registry.backends(problem.op):
-        candidate = registry.get_backend(name, problem.op)
+        candidate = registry.get_backend(name, problem.op).for_platform(platform)
         if name != FALLBACK and candidate.structural_win(problem, kind):
           chosen = candidate.default_variant(problem)
           config = candidate.default_config(problem, chosen)
@@ -185,6 +188,7 @@ def choose(problem: Problem, backend: str = AUTO, variant: str | None = None,
             return Choice(name, chosen, config, "heuristic")
     return dataclasses.replace(choose(problem, FALLBACK, platform=platform), source="fallback")
 
+  b = b.for_platform(platform)
   if config is not None:
     chosen = variant or b.default_variant(problem)
     b.check(problem, chosen, config)

@@ -56,6 +56,17 @@ class Backend(abc.ABC):
       return variant
     return self.variants[-1]  # its check raises the reason to the caller
 
+  def for_platform(self, platform: str | None) -> "Backend":
+    """This backend with its heuristics sized for the device that runs `platform`'s kernels.
+
+    platform: a lowering platform ("cuda", "cpu"), or None for jax's default
+    device. `dispatch.choose` calls `default_variant` / `default_config` on
+    the result. By default the backend itself; a backend whose heuristic
+    depends on the device (Triton's tiles by waves of SMs) returns a copy
+    bound to it.
+    """
+    return self
+
   def structural_win(self, problem: Problem, device_kind: str) -> str | None:
     """Why this backend's heuristic choice beats XLA on `problem` with no tuning record.
 

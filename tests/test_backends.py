@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import jax
@@ -133,10 +134,11 @@ def test_chosen_configs_are_valid_for_large_problems(backend):
   """Every config the library can choose without a tuning record (each variant's
   default and every tuning candidate) passes the backend's own check, for large
   problems the CPU tests never run: a chooser must not hand out a config that
-  overflows shared memory (as bf16 -> f32 at 128x256x64 in 3 stages once did)."""
-  b = registry.get_backend(backend)
+  overflows shared memory (as bf16 -> f32 at 128x256x64 in 3 stages once did), sized
+  for the GPU and for the CPU interpreter (`Backend.for_platform`)."""
   bad = []
-  for problem in _large_problems():
+  for problem, b in itertools.product(_large_problems(), [
+      registry.get_backend(backend).for_platform(p) for p in ("cuda", "cpu")]):
     chosen = [(v, b.default_config(problem, v)) for v in b.variants]
     chosen += b.tuning_candidates(problem) if _takes(b, problem) else []
     for variant, config in chosen:

@@ -87,11 +87,19 @@ def test_config_fields_are_validated():
     (_problem(4096, 4096, 4096, F32, precision=(jax.lax.Precision.HIGHEST,) * 2), "pipelined"),
 ])
 def test_default_variant(problem, variant):
-  assert TritonMatmul().default_variant(problem) == variant
+  assert _hopper().default_variant(problem) == variant
 
 
 # ------------------------------------------------------------ the no-record heuristic
-# Each case is a measured class of the random suite (research/probes/heuristic-2026-11-25).
+# Each case is a measured class of the random suite (research/probes/heuristic-2026-11-25),
+# on a Hopper GPU's 132 SMs: what `dispatch.choose` sizes for a kernel lowered for "cuda"
+# (without a GPU here, `heuristic_num_sms` falls back to the H100/H200's count).
+
+def _hopper():
+  backend = TritonMatmul().for_platform("cuda")
+  assert backend.num_sms == 132
+  return backend
+
 
 @pytest.mark.parametrize("problem,variant,tile", [
     # Enough 128x256 tiles for the SMs and a long K loop: persistent.
@@ -105,7 +113,7 @@ def test_default_variant(problem, variant):
     (_problem(1080, 1857, 669, F32, trans_a=True), "tensorcore", (128, 128)),
 ])
 def test_heuristic_picks_by_waves_of_sms(problem, variant, tile):
-  backend = TritonMatmul()
+  backend = _hopper()
   assert backend.default_variant(problem) == variant
   config = backend.default_config(problem, variant)
   assert (config.block_m, config.block_n) == tile
@@ -119,7 +127,7 @@ def test_heuristic_picks_by_waves_of_sms(problem, variant, tile):
     (_problem(1080, 1857, 669, F32, trans_a=True), True),    # fp32, M and N > 32
 ])
 def test_heuristic_aligns_operands_where_the_pass_pays(problem, align):
-  backend = TritonMatmul()
+  backend = _hopper()
   assert backend.default_config(problem, backend.default_variant(problem)).align_operands == align
 
 
@@ -128,16 +136,38 @@ def test_heuristic_aligns_operands_where_the_pass_pays(problem, align):
     (_problem(4095, 4093, 4097), "unaligned rows"),
     (_problem(1327, 853, 7, F16, trans_a=True, trans_b=True), "one K step"),
     (_problem(4096, 4096, 4096), None),                  # aligned: XLA's ground
+    (_problem(6016, 32, 64, F16), "one K step"),         # r37: 192512 outputs, 1.85x XLA
     (_problem(11, 8, 7, F16), None),                     # 88 outputs: a microsecond either way
+    (_problem(317, 461, 33, trans_b=True), None),        # r12: 146137 outputs, 0.85x XLA
+    (_problem(430, 357, 26, F16, trans_a=True, trans_b=True), None),  # holdout r17: 0.93x
     (_problem(6, 256, 3484, F32, trans_a=True), None),   # unaligned, but a GEMV (M <= 16)
     (_problem(300, 8, 4, F32), None),                    # one K step, but fp32
 ])
 def test_structural_wins_on_hopper_only(problem, win):
-  backend = TritonMatmul()
+  backend = _hopper()
   reason = backend.structural_win(problem, "NVIDIA H200")
   assert (reason is None) if win is None else (win in reason)
   assert backend.structural_win(problem, "cpu") is None
   assert backend.structural_win(problem, "NVIDIA A100-SXM4-80GB") is None
+
+
+@pytest.mark.parametrize("problem,gpu,cpu", [
+    # (variant, block_m, block_n, split_k) on 132 SMs, and in the CPU interpreter (none)
+    (_problem(65, 129, 33), ("tensorcore", 64, 64, 1), ("tensorcore", 128, 256, 1)),
+    (_problem(761, 1959, 7), ("tensorcore", 64, 64, 1), ("tensorcore", 128, 256, 1)),
+    (_problem(64, 32, 1472, F16, trans_a=True), ("splitk", 64, 32, 2),
+     ("tensorcore", 64, 32, 1)),
+])
+def test_heuristic_sizes_tiles_for_the_platform_that_runs_the_kernel(monkeypatch, problem,
+                                                                     gpu, cpu):
+  """The interpreter runs a grid's programs one after another: the largest tile and no
+  split K there, tiles for 132 SMs on the GPU, from the same `dispatch.choose`."""
+  from jaxgemm import dispatch  # noqa: PLC0415
+  monkeypatch.setattr(dispatch, "device_kind", lambda platform=None: "cpu")
+  for platform, want in (("cuda", gpu), ("cpu", cpu)):
+    c = dispatch.choose(problem, "triton", platform=platform)
+    assert (c.variant, c.config.block_m, c.config.block_n, c.config.split_k) == want, platform
+  assert TritonMatmul().num_sms == 0     # jax's default device here is the CPU
 
 
 def test_auto_takes_a_structural_win_only_without_records(monkeypatch):

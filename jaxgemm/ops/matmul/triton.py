@@ -8,8 +8,10 @@ native speed); on CPU the same kernel source runs in Triton's interpreter.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 
+import jax
 import numpy as np
 
 from jaxgemm import registry
@@ -20,8 +22,30 @@ from jaxgemm.ops.matmul.problem import GemmProblem
 # Hopper's opt-in shared memory per block (227 KB), what a config may fill.
 SMEM_BYTES = 227 * 1024
 # Streaming multiprocessors of an H100/H200, for split-K and persistent grids
-# when the device cannot be asked (CPU interpreter runs).
+# when the device cannot be asked (a GPU compile on a machine without one).
 DEFAULT_NUM_SMS = 132
+# The SMs the heuristic fills where Triton's interpreter runs the kernel (the
+# CPU): none. The interpreter runs a grid's programs one after another, at a
+# cost that grows with their number, so no wave rule should ask for more
+# programs: with 0 every rule is met by the largest tile, and no K is split.
+# Sized for 132 SMs, the CPU tests' small problems ran several programs each
+# where one would do (docs/testing.md has the CPU suite's times).
+INTERPRETER_NUM_SMS = 0
+
+
+@functools.cache
+def heuristic_num_sms(platform: str | None = None) -> int:
+  """SMs of the device that runs `platform`'s kernels, as the heuristic counts them.
+
+  platform: a lowering platform ("cuda", "cpu"), or None for jax's default
+  device. A GPU's SMs are what the persistent kernel's grid fills
+  (`persistent.num_sms`: the device's `core_count`, DEFAULT_NUM_SMS where jax
+  cannot say); the CPU interpreter counts INTERPRETER_NUM_SMS.
+  """
+  if (platform or jax.default_backend()) == "cpu":
+    return INTERPRETER_NUM_SMS
+  from jaxgemm.kernels.triton.matmul import persistent  # noqa: PLC0415 (needs triton)
+  return persistent.num_sms("cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +104,19 @@ _DTYPES = tuple(map(np.dtype, ("float16", "bfloat16", "float32")))
 _TENSOR_CORE_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
                       (64, 64, 64, 4, 4))
 # Where `TritonMatmul.structural_win` applies: the Hopper device kinds the
-# rules were measured on, and the K of a one-step GEMM.
+# rules were measured on, the K of a one-step GEMM, and the least output (M x N)
+# where one K step won. In the H200 run with no table
+# (bench/results/h200-random-2026-11-25/results.csv, backend "auto") the rule
+# fired on 17 problems: the 9 of >= 192512 outputs all won (r37 6016x64x32
+# fp16 1.85x, r17, r36 1.6x, r07 1.46x, r06, r13, r18, r46, holdout r09
+# 1.06-1.10x); below that 4 won (r04 64x64x128 1.94x, r24 1.35x, r42 1.11x,
+# holdout r06 1.01x) and 4 lost (r12 317x33x461 bf16 0.85x, holdout r17
+# 430x26x357 0.93x and r15 1547x47x7 0.93x, r25 192x1x512 0.99x), with no
+# output size between them. Above the largest loss (153510 outputs) the rule
+# kept every win: tests/test_triton.py::test_structural_wins_on_hopper_only
+# pins r12, holdout r17 and r37.
 MEASURED_DEVICE_KINDS = ("H100", "H200")
-SHORT_K_WIN, SHORT_K_WIN_MIN_OUTPUT = 64, 4096
+SHORT_K_WIN, SHORT_K_WIN_MIN_OUTPUT = 64, 170_000
 # K up to this is "short" (see `TritonMatmul._tensor_core_tile`): one or two
 # K steps, after which a tile only stores. With four waves of small tiles for
 # such K, 761x7x1959 bf16 ran 1.57x XLA and 1327x7x853 fp16 1.62x; at K = 192
@@ -158,6 +192,18 @@ class TritonMatmul(registry.Backend):
   config_cls = TritonConfig
   variants = tuple(_RUNGS)
 
+  def __init__(self, num_sms: int | None = None):
+    """num_sms: the SMs the heuristic sizes grids for; None asks jax's default
+    device (`heuristic_num_sms`). `for_platform` binds the lowering's device."""
+    self._num_sms = num_sms
+
+  @property
+  def num_sms(self) -> int:
+    return heuristic_num_sms(None) if self._num_sms is None else self._num_sms
+
+  def for_platform(self, platform: str | None) -> "TritonMatmul":
+    return TritonMatmul(num_sms=heuristic_num_sms(platform))
+
   def unavailable_reason(self) -> str | None:
     try:
       import triton  # noqa: F401, PLC0415
@@ -182,12 +228,11 @@ class TritonMatmul(registry.Backend):
     # persistent 277, research/probes/h200-triton-ladder-2026-11-22-run2).
     # With short K it lost: 761x7x1959 bf16 0.73x XLA persistent, 0.98x not.
     if (problem.fp32_precision is None and problem.k > SHORT_K and tile["block_m"] >= 128
-        and _tile_count(problem, tile) > DEFAULT_NUM_SMS):
+        and _tile_count(problem, tile) > self.num_sms):
       return "persistent"
     return "tensorcore"
 
-  @staticmethod
-  def _tensor_core_tile(problem: GemmProblem) -> dict:
+  def _tensor_core_tile(self, problem: GemmProblem) -> dict:
     """The largest tile of `_TENSOR_CORE_TILES` that gives the SMs enough tiles.
 
     Enough is one wave of tiles, or four where K is short (<= SHORT_K): a
@@ -201,7 +246,7 @@ class TritonMatmul(registry.Backend):
       tile = _clamped(problem, "tensorcore", dict(
           block_m=block_m, block_n=block_n, block_k=block_k // k_scale, num_warps=num_warps,
           num_stages=num_stages, group_m=8))
-      if _tile_count(problem, tile) >= waves * DEFAULT_NUM_SMS:
+      if _tile_count(problem, tile) >= waves * self.num_sms:
         return tile
     return tile
 
@@ -214,7 +259,7 @@ class TritonMatmul(registry.Backend):
     * 16-bit operands with K <= SHORT_K_WIN, a GEMM of one K step, and at
       least SHORT_K_WIN_MIN_OUTPUT elements of C: XLA's dot costs a full
       GEMM launch or more, ours writes C at once. (Below that output size
-      both take about a microsecond and which is faster is noise.)
+      both take a microsecond or two, and ours lost as often as it won.)
 
     Measured on the `random` suite (research/probes/heuristic-2026-11-25/README.md).
     """
@@ -243,7 +288,7 @@ class TritonMatmul(registry.Backend):
     tile = self._tensor_core_tile(problem)
     tiles = _tile_count(problem, tile)
     split = 1
-    while (tiles * split * 2 <= 2 * DEFAULT_NUM_SMS
+    while (tiles * split * 2 <= 2 * self.num_sms
            and problem.k // (split * 2) >= max(4 * tile["block_k"], MIN_SPLIT_K)
            and split < 16):
       split *= 2
