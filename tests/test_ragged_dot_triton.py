@@ -190,13 +190,14 @@ def test_index_64_where_an_operand_matrix_passes_2_31():
 # ------------------------------------------------------------------ PTX
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
 @pytest.mark.parametrize("mode", ["ragged-M", "ragged-M-trans", "ragged-K"])
-def test_sm90_ptx_has_wgmma_and_cp_async(mode, monkeypatch):
+def test_sm90_ptx_has_wgmma_and_cp_async(mode, persistent, monkeypatch):
   from test_triton_ptx import compile_like_jax_triton
   problem = _problem(1, 8, 16384, 4096, 14336, BF16, trans_rhs=mode == "ragged-M-trans",
                      ragged_contracting=mode == "ragged-K")
   config = RaggedDotTritonConfig(block_m=128, block_n=256, block_k=64, num_warps=8,
-                                 num_stages=3)
+                                 num_stages=3, persistent=persistent)
   launch = (grouped.ragged_k_launch if problem.ragged_contracting
             else grouped.ragged_m_launch)(problem, config, "cuda")
   ptx = compile_like_jax_triton(launch, [problem.dtype, problem.dtype, np.int32], monkeypatch)
@@ -225,3 +226,16 @@ def test_group_bounds_with_rows_before_the_first_group(ragged_contracting):
     for g, (s, e) in enumerate(zip(starts, ends)):
       ref[0, s:e], bound[0, s:e] = a[s:e] @ w[g], np.abs(a[s:e]) @ np.abs(w[g])
   assert_gemm_close(out, ref, bound, tolerance(problem.dtype), problem.describe())
+
+
+PERSISTENT = RaggedDotTritonConfig(block_m=16, block_n=16, block_k=16, num_warps=4,
+                                   num_stages=2, persistent=True)
+
+
+@pytest.mark.parametrize("mode", ["ragged-M", "ragged-M-trans", "ragged-K"])
+def test_persistent(mode):
+  """The persistent kernels (interpreted: DEFAULT_NUM_SMS programs, most walking
+  several items, unused slots and the rows in no group among them)."""
+  _run(_problem(2, 4, 45, 40, 24, BF16, trans_rhs=mode == "ragged-M-trans",
+                ragged_contracting=mode == "ragged-K"),
+       [[10, 0, 1, 30], [3, 17, 0, 20]], PERSISTENT, nan_outside=True)

@@ -52,6 +52,8 @@ class RaggedDotTritonConfig(KernelConfig):
   Ragged-M: output tile block_m (rows) x block_n, K in block_k steps.
   Ragged-K (out (G, K, N)): output tile block_m (along K) x block_n, the
   group's rows in block_k steps. group_m: tile rows walked per column (L2 reuse).
+  persistent: one program per SM walking the work items, so that the next
+  item's loads overlap this one's epilogue.
 
   >>> RaggedDotTritonConfig(block_m=64, block_n=128, block_k=64, num_warps=4).block_m
   64
@@ -64,6 +66,7 @@ class RaggedDotTritonConfig(KernelConfig):
   group_m: int = int_range(1, 64, default=8)
   num_warps: int = power_of_two(1, 16, default=8)
   num_stages: int = int_range(1, 8, default=3)
+  persistent: bool = False
 
 
 def _pow2_at_least(x: int, lo: int, hi: int) -> int:
@@ -141,7 +144,8 @@ class TritonRaggedDot(registry.Backend):
     return self._within_smem(problem, config)
 
   def tuning_candidates(self, problem: RaggedDotProblem) -> list[tuple[str, KernelConfig]]:
-    """The heuristic's tile first, then the other tensor-core tiles (clamped, fitted)."""
+    """The heuristic's tile first, then the tensor-core tiles (clamped, fitted), each on
+    a grid of work items and persistent."""
     base = self.default_config(problem, "grouped")
     out = [("grouped", base)]
     if problem.fp32_precision == "ieee":
@@ -150,8 +154,10 @@ class TritonRaggedDot(registry.Backend):
     for tile in _TILES:
       config = self._within_smem(problem, RaggedDotTritonConfig(
           **_clamped(problem, _tile_dict(tile, k_scale))))
-      if config not in [c for _, c in out]:
-        out.append(("grouped", config))
+      for persistent in (False, True):
+        config = dataclasses.replace(config, persistent=persistent)
+        if config not in [c for _, c in out]:
+          out.append(("grouped", config))
     return out
 
   def _within_smem(self, problem, config: RaggedDotTritonConfig) -> RaggedDotTritonConfig:

@@ -49,6 +49,59 @@ def _ptrs(base, offs_rows, offs_cols, ROW_STRIDE: tl.constexpr, COL_STRIDE: tl.c
 
 
 @triton.jit
+def _ragged_m_acc(
+    lhs_ptr, rhs_ptr, batch, group, first_row, pid_n, k_iters,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
+    RHS_STRIDE_K: tl.constexpr, RHS_STRIDE_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+):
+  """The fp32 tile lhs[batch, first_row + BLOCK_M rows] @ rhs[batch, group][:, N tile],
+  over the first k_iters steps of K (0: a zero tile, nothing read)."""
+  # Rows past M and columns past N wrap around instead of being masked: the
+  # loads stay in bounds and unmasked, and those results are never stored.
+  # Rows of the tile outside the slot's rows belong to other groups: computed
+  # with this group's weights and discarded at the store.
+  offs_am = (first_row + tl.arange(0, BLOCK_M)) % M
+  offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+  offs_k = tl.arange(0, BLOCK_K)
+  lhs_base = lhs_ptr + tl.cast(batch, tl.int64) * (M * K)
+  rhs_base = rhs_ptr + (tl.cast(batch, tl.int64) * G + group) * (K * N)
+  a_ptrs = _ptrs(lhs_base, offs_am, offs_k, K, 1, INDEX_64)
+  b_ptrs = _ptrs(rhs_base, offs_k, offs_bn, RHS_STRIDE_K, RHS_STRIDE_N, INDEX_64)
+  acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+  for k in range(0, k_iters):
+    if EVEN_K:
+      a = tl.load(a_ptrs)
+      b = tl.load(b_ptrs)
+    else:
+      k_left = K - k * BLOCK_K
+      a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+      b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+    if UPCAST_OPERANDS:
+      a = a.to(tl.float32)
+      b = b.to(tl.float32)
+    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    a_ptrs += BLOCK_K
+    b_ptrs += BLOCK_K * RHS_STRIDE_K
+  return acc
+
+
+@triton.jit
+def _ragged_m_store(out_ptr, batch, first_row, row_start, row_end, pid_n, acc,
+                    M: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
+  """Stores the rows of `acc` in [row_start, row_end) (and < N columns) to out[batch]."""
+  offs_m = first_row + tl.arange(0, BLOCK_M)
+  offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+  out_base = out_ptr + tl.cast(batch, tl.int64) * (M * N)
+  c_ptrs = _ptrs(out_base, offs_m, offs_n, N, 1, INDEX_64)
+  mask = ((offs_m[:, None] >= row_start) & (offs_m[:, None] < row_end)
+          & (offs_n[None, :] < N))
+  tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def ragged_m_kernel(
     lhs_ptr, rhs_ptr, tiles_ptr, out_ptr,
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr, S: tl.constexpr,
@@ -72,41 +125,87 @@ def ragged_m_kernel(
   if row_start >= row_end:
     return
   first_row = (row_start // BLOCK_M) * BLOCK_M
-  offs_m = first_row + tl.arange(0, BLOCK_M)
-  offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-  if group == G:   # rows past sum(group_sizes): zeros, nothing read
+  if group == G:   # rows in no group: zeros, nothing read
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   else:
-    # Rows past M and columns past N wrap around instead of being masked: the
-    # loads stay in bounds and unmasked, and those results are never stored.
-    # Rows of the tile outside [row_start, row_end) belong to other groups:
-    # computed with this group's weights and discarded at the store.
-    offs_am = offs_m % M
-    offs_bn = offs_n % N
-    offs_k = tl.arange(0, BLOCK_K)
-    lhs_base = lhs_ptr + batch.to(tl.int64) * (M * K)
-    rhs_base = rhs_ptr + (batch.to(tl.int64) * G + group) * (K * N)
-    a_ptrs = _ptrs(lhs_base, offs_am, offs_k, K, 1, INDEX_64)
-    b_ptrs = _ptrs(rhs_base, offs_k, offs_bn, RHS_STRIDE_K, RHS_STRIDE_N, INDEX_64)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-      if EVEN_K:
-        a = tl.load(a_ptrs)
-        b = tl.load(b_ptrs)
-      else:
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-      if UPCAST_OPERANDS:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-      acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-      a_ptrs += BLOCK_K
-      b_ptrs += BLOCK_K * RHS_STRIDE_K
-  out_base = out_ptr + batch.to(tl.int64) * (M * N)
-  c_ptrs = _ptrs(out_base, offs_m, offs_n, N, 1, INDEX_64)
-  mask = ((offs_m[:, None] >= row_start) & (offs_m[:, None] < row_end)
-          & (offs_n[None, :] < N))
+    acc = _ragged_m_acc(lhs_ptr, rhs_ptr, batch, group, first_row, pid_n,
+                        tl.cdiv(K, BLOCK_K), M, N, K, G, RHS_STRIDE_K, RHS_STRIDE_N,
+                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST_OPERANDS, DOT_PRECISION,
+                        INDEX_64)
+  _ragged_m_store(out_ptr, batch, first_row, row_start, row_end, pid_n, acc, M, N,
+                  BLOCK_M, BLOCK_N, INDEX_64)
+
+
+@triton.jit
+def ragged_m_persistent_kernel(
+    lhs_ptr, rhs_ptr, tiles_ptr, out_ptr,
+    BATCH: tl.constexpr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+    G: tl.constexpr, S: tl.constexpr,
+    RHS_STRIDE_K: tl.constexpr, RHS_STRIDE_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+):
+  """`ragged_m_kernel` on a persistent grid of NUM_PROGRAMS programs walking the
+  (batch, slot, N tile) work items, branch-free so that Triton can pipeline the
+  next item's loads under this one's epilogue: an unused slot or the rows in no
+  group run zero K steps (an unused slot then stores nothing)."""
+  TILES: tl.constexpr = S * tl.cdiv(N, BLOCK_N)
+  K_ITERS: tl.constexpr = tl.cdiv(K, BLOCK_K)
+  for item in tl.range(tl.program_id(0), BATCH * TILES, NUM_PROGRAMS, flatten=True):
+    batch = item // TILES
+    slot, pid_n = grouped_tile(item % TILES, S * BLOCK_M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    table = tiles_ptr + batch * (3 * S) + slot
+    group = tl.load(table)
+    row_start = tl.load(table + S)
+    row_end = tl.load(table + 2 * S)
+    k_iters = tl.where((group < G) & (row_start < row_end), K_ITERS, 0)
+    first_row = (row_start // BLOCK_M) * BLOCK_M
+    acc = _ragged_m_acc(lhs_ptr, rhs_ptr, batch, tl.minimum(group, G - 1), first_row, pid_n,
+                        k_iters, M, N, K, G, RHS_STRIDE_K, RHS_STRIDE_N,
+                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST_OPERANDS, DOT_PRECISION,
+                        INDEX_64)
+    _ragged_m_store(out_ptr, batch, first_row, row_start, row_end, pid_n, acc, M, N,
+                    BLOCK_M, BLOCK_N, INDEX_64)
+
+
+@triton.jit
+def _ragged_k_tile(
+    lhs_ptr, rhs_ptr, bounds_ptr, out_ptr, batch, group, pid_k, pid_n,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+):
+  """out[batch, group][K tile pid_k, N tile pid_n] = lhs[rows]^T @ rhs[rows]."""
+  row_start = tl.load(bounds_ptr + batch * (2 * G) + group)
+  row_end = tl.load(bounds_ptr + batch * (2 * G) + G + group)
+  offs_k = pid_k * BLOCK_M + tl.arange(0, BLOCK_M)
+  offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+  # Columns past K (N) wrap around: in bounds, never stored.
+  offs_ak = offs_k % K
+  offs_bn = offs_n % N
+  offs_r = tl.arange(0, BLOCK_K)
+  lhs_base = lhs_ptr + tl.cast(batch, tl.int64) * (M * K)
+  rhs_base = rhs_ptr + tl.cast(batch, tl.int64) * (M * N)
+  # lhs^T tile (BLOCK_M of K, BLOCK_K rows): lhs read through swapped strides.
+  a_ptrs = _ptrs(lhs_base, offs_ak, row_start + offs_r, 1, K, INDEX_64)
+  b_ptrs = _ptrs(rhs_base, row_start + offs_r, offs_bn, N, 1, INDEX_64)
+  acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+  rows = row_end - row_start
+  for r in range(0, tl.cdiv(rows, BLOCK_K)):
+    # Rows past the group's end are the next group's (or past M): zeros.
+    rows_left = rows - r * BLOCK_K
+    a = tl.load(a_ptrs, mask=offs_r[None, :] < rows_left, other=0.0)
+    b = tl.load(b_ptrs, mask=offs_r[:, None] < rows_left, other=0.0)
+    if UPCAST_OPERANDS:
+      a = a.to(tl.float32)
+      b = b.to(tl.float32)
+    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    a_ptrs += BLOCK_K * K
+    b_ptrs += BLOCK_K * N
+  out_base = out_ptr + (tl.cast(batch, tl.int64) * G + group) * (K * N)
+  c_ptrs = _ptrs(out_base, offs_k, offs_n, N, 1, INDEX_64)
+  mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
   tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -122,43 +221,31 @@ def ragged_k_kernel(
 
   lhs (B, M, K), rhs (B, M, N) row-major; bounds (B, 2, G) int32; out (B, G,
   K, N). The output tile is BLOCK_M (along K) x BLOCK_N, the reduction over
-  the group's rows runs in BLOCK_K steps.
+  the group's rows runs in BLOCK_K steps; an empty group runs none.
   """
-  batch = tl.program_id(1)
   TILES: tl.constexpr = tl.cdiv(K, BLOCK_M) * tl.cdiv(N, BLOCK_N)
   pid = tl.program_id(0)
-  group = pid // TILES
   pid_k, pid_n = grouped_tile(pid % TILES, K, N, BLOCK_M, BLOCK_N, GROUP_M)
-  row_start = tl.load(bounds_ptr + batch * (2 * G) + group)
-  row_end = tl.load(bounds_ptr + batch * (2 * G) + G + group)
-  offs_k = pid_k * BLOCK_M + tl.arange(0, BLOCK_M)
-  offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-  # Columns past K (N) wrap around: in bounds, never stored.
-  offs_ak = offs_k % K
-  offs_bn = offs_n % N
-  offs_r = tl.arange(0, BLOCK_K)
-  lhs_base = lhs_ptr + batch.to(tl.int64) * (M * K)
-  rhs_base = rhs_ptr + batch.to(tl.int64) * (M * N)
-  # lhs^T tile (BLOCK_M of K, BLOCK_K rows): lhs read through swapped strides.
-  a_ptrs = _ptrs(lhs_base, offs_ak, row_start + offs_r, 1, K, INDEX_64)
-  b_ptrs = _ptrs(rhs_base, row_start + offs_r, offs_bn, N, 1, INDEX_64)
-  acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-  rows = row_end - row_start
-  for r in range(0, tl.cdiv(rows, BLOCK_K)):
-    # Rows past the group's end are other groups' (or past M): zeros.
-    rows_left = rows - r * BLOCK_K
-    a = tl.load(a_ptrs, mask=offs_r[None, :] < rows_left, other=0.0)
-    b = tl.load(b_ptrs, mask=offs_r[:, None] < rows_left, other=0.0)
-    if UPCAST_OPERANDS:
-      a = a.to(tl.float32)
-      b = b.to(tl.float32)
-    acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-    a_ptrs += BLOCK_K * K
-    b_ptrs += BLOCK_K * N
-  out_base = out_ptr + (batch.to(tl.int64) * G + group) * (K * N)
-  c_ptrs = _ptrs(out_base, offs_k, offs_n, N, 1, INDEX_64)
-  mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-  tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+  _ragged_k_tile(lhs_ptr, rhs_ptr, bounds_ptr, out_ptr, tl.program_id(1), pid // TILES,
+                 pid_k, pid_n, M, N, K, G, BLOCK_M, BLOCK_N, BLOCK_K, UPCAST_OPERANDS,
+                 DOT_PRECISION, INDEX_64)
+
+
+@triton.jit
+def ragged_k_persistent_kernel(
+    lhs_ptr, rhs_ptr, bounds_ptr, out_ptr,
+    BATCH: tl.constexpr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+):
+  """`ragged_k_kernel` on a persistent grid walking (batch, group, tile) items."""
+  TILES: tl.constexpr = tl.cdiv(K, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+  for item in tl.range(tl.program_id(0), BATCH * G * TILES, NUM_PROGRAMS, flatten=True):
+    pid_k, pid_n = grouped_tile(item % TILES, K, N, BLOCK_M, BLOCK_N, GROUP_M)
+    _ragged_k_tile(lhs_ptr, rhs_ptr, bounds_ptr, out_ptr, item // (G * TILES),
+                   (item // TILES) % G, pid_k, pid_n, M, N, K, G, BLOCK_M, BLOCK_N, BLOCK_K,
+                   UPCAST_OPERANDS, DOT_PRECISION, INDEX_64)
 
 
 # ------------------------------------------------------------------ launches
@@ -177,35 +264,57 @@ def _dot_precision(problem) -> str:
   return problem.fp32_precision or "tf32"   # 16-bit operands ignore it
 
 
+DEFAULT_NUM_SMS = 132   # H100/H200, where the device cannot be asked
+
+
+def num_sms(platform: str) -> int:
+  """Streaming multiprocessors of the device (JAX's `core_count`; see the matmul's
+  `persistent.num_sms` for why not Triton's driver)."""
+  gpus = [d for d in jax.devices() if d.platform == "gpu"] if platform == "cuda" else []
+  return (getattr(gpus[0], "core_count", None) if gpus else None) or DEFAULT_NUM_SMS
+
+
 def ragged_m_launch(problem, config, platform) -> triton_call.Launch:
-  """The launch of `ragged_m_kernel`; its operands are (lhs, rhs, row_tiles table)."""
+  """The launch of the ragged-M kernel; its operands are (lhs, rhs, row_tiles table)."""
   slots = schedule.num_slots(problem.m, problem.groups, config.block_m)
   tiles_n = triton.cdiv(problem.n, config.block_n)
   rhs_stride_k, rhs_stride_n = (1, problem.k) if problem.trans_rhs else (problem.n, 1)
-  return triton_call.Launch.make(
-      ragged_m_kernel, (slots * tiles_n, problem.batch),
-      jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype),
-      num_warps=config.num_warps, num_stages=config.num_stages,
+  common = dict(
       M=problem.m, N=problem.n, K=problem.k, G=problem.groups, S=slots,
       RHS_STRIDE_K=rhs_stride_k, RHS_STRIDE_N=rhs_stride_n,
       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=config.group_m, EVEN_K=problem.k % config.block_k == 0,
       UPCAST_OPERANDS=triton_call.interpreting_bf16(problem.dtype, platform),
       DOT_PRECISION=_dot_precision(problem), INDEX_64=needs_index_64(problem))
+  out_shape = jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype)
+  if config.persistent:
+    programs = min(num_sms(platform), problem.batch * slots * tiles_n)
+    return triton_call.Launch.make(
+        ragged_m_persistent_kernel, (programs,), out_shape, num_warps=config.num_warps,
+        num_stages=config.num_stages, BATCH=problem.batch, NUM_PROGRAMS=programs, **common)
+  return triton_call.Launch.make(
+      ragged_m_kernel, (slots * tiles_n, problem.batch), out_shape,
+      num_warps=config.num_warps, num_stages=config.num_stages, **common)
 
 
 def ragged_k_launch(problem, config, platform) -> triton_call.Launch:
-  """The launch of `ragged_k_kernel`; its operands are (lhs, rhs, group_bounds table)."""
+  """The launch of the ragged-K kernel; its operands are (lhs, rhs, group_bounds table)."""
   tiles = triton.cdiv(problem.k, config.block_m) * triton.cdiv(problem.n, config.block_n)
-  return triton_call.Launch.make(
-      ragged_k_kernel, (problem.groups * tiles, problem.batch),
-      jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype),
-      num_warps=config.num_warps, num_stages=config.num_stages,
+  common = dict(
       M=problem.m, N=problem.n, K=problem.k, G=problem.groups,
       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=config.group_m,
       UPCAST_OPERANDS=triton_call.interpreting_bf16(problem.dtype, platform),
       DOT_PRECISION=_dot_precision(problem), INDEX_64=needs_index_64(problem))
+  out_shape = jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype)
+  if config.persistent:
+    programs = min(num_sms(platform), problem.batch * problem.groups * tiles)
+    return triton_call.Launch.make(
+        ragged_k_persistent_kernel, (programs,), out_shape, num_warps=config.num_warps,
+        num_stages=config.num_stages, BATCH=problem.batch, NUM_PROGRAMS=programs, **common)
+  return triton_call.Launch.make(
+      ragged_k_kernel, (problem.groups * tiles, problem.batch), out_shape,
+      num_warps=config.num_warps, num_stages=config.num_stages, **common)
 
 
 def ragged_dot(lhs, rhs, group_sizes, problem, config, platform):
