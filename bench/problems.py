@@ -20,6 +20,7 @@ The same table doubles as test cases (tests/test_bench.py checks its shapes).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -85,6 +86,16 @@ class BenchProblem:
   def size_label(self) -> str:
     b = f"{self.batch}x" if self.batch > 1 else ""
     return f"{b}{self.m}x{self.k}x{self.n}"
+
+  def csv_fields(self, dtype_name: str) -> dict:
+    """The problem's columns of a CSV row (`runner.base_row`)."""
+    return {
+        "batch": self.batch, "m": self.m, "k": self.k, "n": self.n, "layout": self.layout,
+        "ladder": int(self.ladder), "flops": self.flops,
+        "min_bytes": self.min_bytes(dtype_name),
+        "arith_intensity": round(self.flops / self.min_bytes(dtype_name), 3),
+        "problem_note": self.note,
+    }
 
 
 def dtype_of(name: str):
@@ -281,6 +292,149 @@ def _tiny():
   ]
 
 
+# ---------------------------------------------------------------- moe (grouped GEMM)
+# Issue 26: `ragged_dot` (op "ragged_dot"), a mixture-of-experts layer's grouped GEMM.
+# Each problem is one layer's GEMM over G experts: M tokens (rows of lhs, sorted by
+# expert) of width K times each expert's (K, N) weights, in one of three calls:
+#
+#   fwd    y = ragged_dot(x, W)               x (M, K), W (G, K, N) -> (M, N)     "NN"
+#   dgrad  dx = dy @ W[g]^T per group         dy (M, N), W (G, K, N) -> (M, K)    "NT"
+#          (ragged_dot_general, rhs contracted on its last dimension)
+#   wgrad  dW[g] = x[rows g]^T @ dy[rows g]   x (M, K), dy (M, N) -> (G, K, N)    "TN"
+#          (ragged_dot_general, the ragged dimension M contracted)
+#
+# m, k, n are the layer's (tokens, width in, width out) in all three, so the FLOPs
+# are 2 M K N in each, however the tokens split. The group sizes are a Dirichlet(2)
+# split of the M tokens (jaxgemm.ops.ragged_dot.primitive.example_group_sizes, a
+# fixed seed), or fixed ones (`group_sizes`, the tiny suite's edge cases).
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeProblem:
+  suite: str
+  name: str
+  layer: str              # the layer's name: its fwd, dgrad and wgrad share it
+  groups: int
+  m: int
+  k: int
+  n: int
+  mode: str = "fwd"       # "fwd", "dgrad" or "wgrad" (above)
+  group_sizes: tuple[int, ...] | None = None   # fixed sizes; None: a Dirichlet(2) split
+  active_groups: int | None = None   # experts with tokens (the runner fills it in)
+  dtype: str | None = None
+  default: bool = False
+  quick: bool = False
+  ladder: bool = False    # every variant of every backend runs it
+  note: str = ""
+
+  op = "ragged_dot"
+  batch = 1
+  trans_a = False
+
+  MODES = ("fwd", "dgrad", "wgrad")
+
+  @property
+  def trans_b(self) -> bool:
+    return self.mode == "dgrad"
+
+  @property
+  def layout(self) -> str:
+    return {"fwd": "NN", "dgrad": "NT", "wgrad": "TN"}[self.mode]
+
+  @property
+  def flops(self) -> int:
+    return 2 * self.m * self.k * self.n
+
+  def lhs_shape(self) -> tuple[int, int]:
+    return (self.m, self.n) if self.mode == "dgrad" else (self.m, self.k)
+
+  def rhs_shape(self) -> tuple[int, ...]:
+    return (self.m, self.n) if self.mode == "wgrad" else (self.groups, self.k, self.n)
+
+  def out_shape(self) -> tuple[int, ...]:
+    return {"fwd": (self.m, self.n), "dgrad": (self.m, self.k),
+            "wgrad": (self.groups, self.k, self.n)}[self.mode]
+
+  def dimension_numbers(self):
+    """lax.RaggedDotDimensionNumbers of the call (lax.ragged_dot's own for fwd)."""
+    from jax import lax  # noqa: PLC0415
+    if self.mode == "wgrad":
+      return lax.RaggedDotDimensionNumbers(
+          dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+          rhs_group_dimensions=[])
+    return lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(([1], [2 if self.mode == "dgrad" else 1]), ([], [])),
+        lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+
+  def min_bytes(self, dtype_name: str) -> int:
+    """lhs and rhs read once, the output written once; of the weights (fwd, dgrad) only
+    those of the experts that have tokens (`active_groups`, else all G)."""
+    item = np.dtype(dtype_of(dtype_name)).itemsize
+    g = self.groups if self.active_groups is None else self.active_groups
+    lhs, out = math.prod(self.lhs_shape()), math.prod(self.out_shape())
+    rhs = self.m * self.n if self.mode == "wgrad" else g * self.k * self.n
+    return item * (lhs + rhs + out)
+
+  def size_label(self) -> str:
+    return f"G{self.groups} {self.m}x{self.k}x{self.n} {self.mode}"
+
+  def csv_fields(self, dtype_name: str) -> dict:
+    """The problem's columns of a CSV row (`runner.base_row`)."""
+    return {
+        "batch": 1, "m": self.m, "k": self.k, "n": self.n, "layout": self.layout,
+        "ladder": 0, "flops": self.flops, "min_bytes": self.min_bytes(dtype_name),
+        "arith_intensity": round(self.flops / self.min_bytes(dtype_name), 3),
+        "problem_note": self.note, "groups": self.groups, "mode": self.mode,
+        "layer": self.layer, "active_groups": "" if self.active_groups is None
+        else self.active_groups,
+        "group_sizes": "" if self.group_sizes is None else " ".join(map(str, self.group_sizes)),
+    }
+
+
+# (layer, G, M, K, N, with backward GEMMs, default, quick, ladder, note)
+MOE_LAYERS = (
+    ("g8.m16384.k4096.n14336", 8, 16384, 4096, 14336, True, True, False, True,
+     "8 experts of Mixtral-8x7B's MLP width, 16384 tokens"),
+    ("g64.m16384.k2048.n1408", 64, 16384, 2048, 1408, True, True, True, True,
+     "64 fine-grained experts (DeepSeekMoE-16B's widths), 16384 tokens"),
+    ("g128.m8192.k7168.n2048", 128, 8192, 7168, 2048, False, True, False, False,
+     "128 experts of DeepSeek-V3's widths: 3.76 GB of weights, memory bound"),
+    ("g8.m128.k4096.n14336", 8, 128, 4096, 14336, False, True, True, False,
+     "decode: 128 tokens over 0.94 GB of weights, memory bound"),
+)
+# The CPU's analogues: small enough for the interpreters, with the edge cases
+# (empty groups, a group of one row, rows past sum(group_sizes), which are zeros).
+MOE_TINY_LAYERS = (
+    ("g4.m64.k64.n128", 4, 64, 64, 128, True, True, True, True, None, "Dirichlet(2) split"),
+    ("g8.m48.k32.n64.edges", 8, 48, 32, 64, True, True, False, False,
+     (10, 0, 1, 20, 0, 9, 8, 0), "empty groups and a group of one row"),
+    ("g4.m40.k96.n80.tail", 4, 40, 96, 80, False, True, False, False, (5, 10, 0, 15),
+     "rows past sum(group_sizes) (zeros)"),
+    ("g4.m8.k128.n256", 4, 8, 128, 256, False, True, True, False, None, "decode"),
+)
+
+
+def _moe(suite, layers, tiny=False):
+  out = []
+  for row in layers:
+    if tiny:
+      layer, g, m, k, n, backward, default, quick, ladder, sizes, note = row
+    else:
+      (layer, g, m, k, n, backward, default, quick, ladder, note), sizes = row, None
+    for mode in (MoeProblem.MODES if backward else ("fwd",)):
+      out.append(MoeProblem(suite, layer if mode == "fwd" else f"{layer}.{mode}", layer, g,
+                            m, k, n, mode=mode, group_sizes=sizes, default=default,
+                            quick=quick and mode == "fwd", ladder=ladder and mode == "fwd",
+                            note=note if mode == "fwd" else f"{note}; {mode}"))
+  return out
+
+
+MOE_SUITES: dict[str, list[MoeProblem]] = {
+    "moe": _moe("moe", MOE_LAYERS),
+    "moe-tiny": _moe("moe-tiny", MOE_TINY_LAYERS, tiny=True),
+}
+
+
 SUITES: dict[str, list[BenchProblem]] = {
     "square": _square(),
     "llm": _llm(),
@@ -294,12 +448,13 @@ SUITES: dict[str, list[BenchProblem]] = {
 }
 # The training suite is not a table of GEMMs: see training.py.
 TRAINING = "training"
-ALL_SUITES = (*SUITES, TRAINING)
-# The op each suite measures (a jaxgemm op registered in jaxgemm.registry). The
-# runner calls matmul's public functions; an op's own suites arrive with its runner.
-SUITE_OP = {suite: "matmul" for suite in ALL_SUITES}
+ALL_SUITES = (*SUITES, TRAINING, *MOE_SUITES)
+# The op each suite measures (a jaxgemm op registered in jaxgemm.registry): matmul's
+# suites run through runner.py, ragged_dot's (the moe suites: their grouped GEMMs,
+# then an MoE training step) through moe.py.
+SUITE_OP = {suite: "ragged_dot" if suite in MOE_SUITES else "matmul" for suite in ALL_SUITES}
 GPU_DEFAULT_SUITES = ("square", "llm", "skinny", "unaligned", "backward", TRAINING)
-CPU_DEFAULT_SUITES = ("tiny", TRAINING)
+CPU_DEFAULT_SUITES = ("tiny", TRAINING, "moe-tiny")
 
 SUITE_HELP = {
     "square": "M=K=N from 256 to 16384 (powers of two and a few non-powers)",
@@ -309,14 +464,18 @@ SUITE_HELP = {
     "backward": "a layer's forward GEMM and both backward GEMMs (NN, NT, TN layouts)",
     "tiny": "small shapes for a machine without a GPU (XLA:CPU, interpreters)",
     TRAINING: "a jit-compiled transformer training step on jaxgemm vs on XLA's dot",
+    "moe": "grouped GEMM (ragged_dot, issue 26): 4 MoE layers (2 memory bound) and the "
+           "backward GEMMs of 2, vs lax.ragged_dot and jax's example kernel; an MoE "
+           "training step",
+    "moe-tiny": "the moe suite's CPU analogue (interpreters; empty groups, a one-row group)",
     "default": "the default subset of every suite (under 10 minutes on an H200); "
-               "on a machine without a GPU: tiny + a small training run",
+               "on a machine without a GPU: tiny + a small training run + moe-tiny",
 }
 
 
-def select(suite: str, *, default_only: bool, quick: bool) -> list[BenchProblem]:
+def select(suite: str, *, default_only: bool, quick: bool) -> list:
   """The problems of `suite`, restricted to its default (or quick) subset."""
-  probs = SUITES[suite]
+  probs = SUITES[suite] if suite in SUITES else MOE_SUITES[suite]
   if quick:
     return [p for p in probs if p.quick]
   if default_only:

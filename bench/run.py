@@ -98,7 +98,7 @@ def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
                     P.select(s, default_only=True, quick=args.quick)))
     elif name == P.TRAINING:
       out.append((name, None))
-    elif name in P.SUITES:
+    elif name in P.SUITES or name in P.MOE_SUITES:
       out.append((name, P.select(name, default_only=args.default_only, quick=args.quick)))
     else:
       raise SystemExit(f"unknown suite {name!r}; valid: {[*P.ALL_SUITES, 'default']}")
@@ -135,7 +135,8 @@ def _list(args, on_gpu, platform):
     if probs is None:
       print(f"[{suite}] a training step: see bench/training.py")
       continue
-    print(f"[{suite}] {len(probs)} problems")
+    print(f"[{suite}] {len(probs)} problems" + (
+        ", then an MoE training step (bench/training.py)" if suite in P.MOE_SUITES else ""))
     for p in probs:
       flags = "".join(f for f, on in (("D", p.default), ("Q", p.quick), ("L", p.ladder)) if on)
       print(f"  {p.name:<32} {p.size_label():>22} {p.layout}  {flags:<3} {p.note}")
@@ -173,7 +174,11 @@ def main(argv) -> int:
     raise SystemExit("--iters must be at least 20 on a GPU (median and spread of >= 20 runs)")
   if args.iters < 1:
     raise SystemExit("--iters must be positive")
-  registered = list(jaxgemm.backends())
+  suites = _suites(args, on_gpu)
+  # Each suite runs the backends of its op (matmul's, or ragged_dot's for the moe suites);
+  # a named backend that has no kernels for a suite's op gets `unsupported` rows there.
+  ops = list(dict.fromkeys(P.SUITE_OP[s] for s, _ in suites)) or ["matmul"]
+  registered = list(dict.fromkeys(b for op in ops for b in jaxgemm.backends(op)))
   if args.backends:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in (runner.AUTO, *registered)]
@@ -182,14 +187,22 @@ def main(argv) -> int:
                        f"{[runner.AUTO, *registered]}")
   else:
     backends = [runner.AUTO, *registered]
+
+  def backends_of(suite: str) -> list[str]:
+    if args.backends:
+      return backends
+    return [runner.AUTO, *jaxgemm.backends(P.SUITE_OP[suite])]
+
+  def variants_of(b: str) -> list[str]:
+    return [v for op in ops if b in jaxgemm.backends(op) for v in jaxgemm.variants(b, op)]
+
   variants = args.variants
   if variants not in ("ladder", "best", "all"):
     variants = [v.strip() for v in variants.split(",") if v.strip()]
-    known = {v for b in backends if b != runner.AUTO for v in jaxgemm.variants(b)}
+    known = {v for b in backends if b != runner.AUTO for v in variants_of(b)}
     unknown = [v for v in variants if v not in known]
     if unknown:
       raise SystemExit(f"unknown variant(s) {unknown}; variants of {backends}: {sorted(known)}")
-  suites = _suites(args, on_gpu)
 
   if on_gpu:
     runner.setup_triton_cache()
@@ -217,7 +230,7 @@ def main(argv) -> int:
   print(f"jax {prov['jax']}, jaxlib {prov['jaxlib']}, triton {prov['triton']}, "
         f"commit {prov['git_commit'][:10]}{' (dirty)' if prov['git_dirty'] else ''}")
   labels = [f"{b} [{runner.AUTO_VARIANT}]" if b == runner.AUTO
-            else f"{b} [{len(jaxgemm.variants(b))} variants]" for b in backends]
+            else f"{b} [{len(variants_of(b))} variants]" for b in backends]
   print(f"backends: {', '.join(labels)}; "
         f"variants: {variants if isinstance(variants, str) else ','.join(variants)}; "
         f"iters {args.iters}")
@@ -261,9 +274,19 @@ def main(argv) -> int:
           import dataclasses  # noqa: PLC0415
           base = (T.GPU_MODEL_QUICK if args.quick else T.GPU_MODEL) if on_gpu else T.CPU_MODEL
           cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
-        run_training(ctx, backends, variants, quick=args.quick, cfg=cfg)
+        run_training(ctx, backends_of(suite), variants, quick=args.quick, cfg=cfg)
+      elif suite in P.MOE_SUITES:
+        from . import moe  # noqa: PLC0415
+        from . import training as T  # noqa: PLC0415
+        cfg = None
+        if args.training_steps or args.quick:
+          import dataclasses  # noqa: PLC0415
+          base = T.moe_model(on_gpu, args.quick)
+          cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
+        moe.run_moe_suite(ctx, suite, probs, backends_of(suite), variants, training_cfg=cfg,
+                          quick=args.quick)
       else:
-        runner.run_gemm_suite(ctx, suite, probs, backends, variants)
+        runner.run_gemm_suite(ctx, suite, probs, backends_of(suite), variants)
       print(f"== suite {suite} done in {time.perf_counter() - t0:.1f} s")
   finally:
     writer.close()
@@ -272,7 +295,7 @@ def main(argv) -> int:
   made = generate(csv_path)
   rows = csvio.read_csv(csv_path)
   counts = Counter(r["status"] for r in rows if r["kind"] in ("gemm", "train_step")
-                   and r["backend"] != runner.REF)
+                   and r["backend"] not in (runner.REF, "jax_example"))
   run = made["run"]
   print("\n" + bar)
   if not on_gpu:

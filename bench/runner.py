@@ -70,6 +70,8 @@ INPUT_DIST = ("normal(0,1) in float32 rounded to the operand dtype (numpy defaul
 
 STATUS_OK, STATUS_FAIL, STATUS_UNSUPPORTED, STATUS_ERROR, STATUS_SKIPPED = (
     "ok", "fail", "unsupported", "error", "skipped")
+# A kernel whose note starts so (`choose_kernels`) is recorded `unsupported`, not run.
+UNSUPPORTED_PREFIX = "unsupported: "
 
 
 def peak_tflops(device_kind: str, dtype_name: str) -> float | None:
@@ -142,8 +144,57 @@ def gemm_problem(bp: P.BenchProblem, dtype_name: str) -> jaxgemm.GemmProblem:
                               precision=None if prec is None else (prec, prec))
 
 
+def slow_key(op: str, backend: str, variant: str) -> tuple:
+  """The key of an op's (backend, variant) in `Context.slow`, `call_s` and `best_seen`:
+  (backend, variant) for matmul, ("<op>:<backend>", variant) for other ops (whose
+  variants may share a name with matmul's)."""
+  return (backend, variant) if op == "matmul" else (f"{op}:{backend}", variant)
+
+
+class Measured:
+  """What `run_problem` needs to know about one op's problems; this one is matmul's
+  (`GEMM`). Another op's suite (the moe suites: `moe.RAGGED_DOT`) subclasses it, and
+  shares the rest: the reference's timing, the correctness gate, the paired timing,
+  the watchdog, the rows."""
+
+  op = "matmul"
+  arity = 2                     # operands per call (one input set)
+
+  def ref_variant(self, bp) -> str:
+    """The reference row's variant: XLA's own op."""
+    return REF_VARIANT
+
+  def prepare(self, ctx: "Context", bp, dtype_name: str):
+    """The problem as it runs (the moe suite draws its group sizes here)."""
+    return bp
+
+  def ref_fn(self, bp, dtype_name: str) -> Callable:
+    return ref_fn(bp, dtype_name)
+
+  def inputs(self, bp, dtype_name: str, n_rot: int, seed: int) -> list:
+    """`arity` operands per input set, `n_rot` sets, flat."""
+    return make_inputs(bp, dtype_name, n_rot, seed)
+
+  def problem(self, bp, dtype_name: str):
+    """The canonical problem jaxgemm's API makes of `bp` (what dispatch chooses for)."""
+    return gemm_problem(bp, dtype_name)
+
+  def slow_key(self, backend: str, variant: str) -> tuple:
+    """The key of (backend, variant) in `ctx.slow` / `ctx.call_s` (interpreted speed)."""
+    return slow_key(self.op, backend, variant)
+
+  def before_kernels(self, ctx: "Context", bp, dtype_name: str, bufs, refs, ref_compiled,
+                     n_rot: int) -> tuple[list[dict], Callable | None]:
+    """Rows measured after the reference and before the kernels (the moe suite's jax
+    example kernel), and a function that completes each kernel row (or None)."""
+    return [], None
+
+
+GEMM = Measured()
+
+
 def choice(bp: P.BenchProblem, dtype_name: str, backend: str,
-           variant: str | None = None) -> dispatch.Choice | None:
+           variant: str | None = None, ops: Measured = GEMM) -> dispatch.Choice | None:
   """The kernel jaxgemm runs for (backend, variant) on the problem, as its lowering picks
   it (tuned record, else heuristic); None if it cannot run the problem.
 
@@ -152,17 +203,18 @@ def choice(bp: P.BenchProblem, dtype_name: str, backend: str,
   that cannot run says why when it is run.
   """
   try:
-    return dispatch.choose(gemm_problem(bp, dtype_name), backend,
+    return dispatch.choose(ops.problem(bp, dtype_name), backend,
                            None if backend == AUTO else variant)
   except Exception:  # noqa: BLE001
     return None
 
 
-def default_variant(backend: str, bp: P.BenchProblem | None, dtype_name: str) -> str:
+def default_variant(backend: str, bp: P.BenchProblem | None, dtype_name: str,
+                    ops: Measured = GEMM) -> str:
   """The variant the backend picks for the problem when none is named, else its ladder's
   top (whose check then says why it cannot run the problem)."""
-  picked = choice(bp, dtype_name, backend) if bp is not None else None
-  return picked.variant if picked else registry.get_backend(backend).variants[-1]
+  picked = choice(bp, dtype_name, backend, ops=ops) if bp is not None else None
+  return picked.variant if picked else registry.get_backend(backend, ops.op).variants[-1]
 
 
 def describe_choice(c: dispatch.Choice) -> str:
@@ -170,10 +222,10 @@ def describe_choice(c: dispatch.Choice) -> str:
   return f"{c.backend}/{c.variant} ({c.source})"
 
 
-def _rank(backend: str, variant: str):
+def _rank(backend: str, variant: str, op: str = "matmul"):
   """The variant's rung in the backend's ladder (0 = simplest)."""
   try:
-    return list(jaxgemm.variants(backend)).index(variant)
+    return list(jaxgemm.variants(backend, op)).index(variant)
   except (ValueError, KeyError):
     return ""
 
@@ -243,13 +295,7 @@ def base_row(ctx: Context, suite: str, kind: str, backend: str, variant: str,
       "peak_tflops": ctx.peak or "", "copy_bw_gbps": ctx.copy_bw_gbps or "",
   }
   if bp is not None:
-    row.update({
-        "batch": bp.batch, "m": bp.m, "k": bp.k, "n": bp.n, "layout": bp.layout,
-        "ladder": int(bp.ladder), "flops": bp.flops,
-        "min_bytes": bp.min_bytes(dtype_name),
-        "arith_intensity": round(bp.flops / bp.min_bytes(dtype_name), 3),
-        "problem_note": bp.note,
-    })
+    row.update(bp.csv_fields(dtype_name))
   row.update(ctx.provenance)
   return row
 
@@ -279,10 +325,10 @@ def _metrics(ctx: Context, bp: P.BenchProblem, dtype_name: str, stats: dict,
   return out
 
 
-def _compile_and_run(fn, bufs, n_rot):
+def _compile_and_run(fn, bufs, n_rot, arity=2):
   """(compiled, outputs, compile_s, first_run_s)."""
   t0 = time.perf_counter()
-  compiled = jax.jit(rotated(fn, n_rot)).lower(*bufs).compile()
+  compiled = jax.jit(rotated(fn, n_rot, arity)).lower(*bufs).compile()
   t1 = time.perf_counter()
   outs = jax.block_until_ready(compiled(*bufs))
   t2 = time.perf_counter()
@@ -298,8 +344,12 @@ def make_inputs(bp: P.BenchProblem, dtype_name: str, n_rot: int, seed: int):
   Drawn in float32 and rounded to the dtype; small sets on the host (numpy's
   default_rng: no per-shape compile), large ones on the device (jax.random).
   """
-  dt = P.dtype_of(dtype_name)
   shapes = [s for _ in range(n_rot) for s in (bp.a_shape(), bp.b_shape())]
+  return normal_inputs(shapes, P.dtype_of(dtype_name), seed)
+
+
+def normal_inputs(shapes, dt, seed: int) -> list:
+  """Independent standard-normal arrays of `shapes` in dtype `dt` (make_inputs' draw)."""
   if sum(math.prod(s) for s in shapes) <= HOST_GEN_MAX_ELEMS:
     rng = np.random.default_rng(seed)
     return [jax.device_put(rng.standard_normal(s, dtype=np.float32).astype(dt))
@@ -314,8 +364,8 @@ def make_inputs(bp: P.BenchProblem, dtype_name: str, n_rot: int, seed: int):
 
 
 def choose_kernels(bp: P.BenchProblem, backends: list[str], variants_policy,
-                   dtype_name: str, slow=(), best_seen: set | None = None
-                   ) -> list[tuple[str, str, str]]:
+                   dtype_name: str, slow=(), best_seen: set | None = None,
+                   ops: Measured = GEMM) -> list[tuple[str, str, str]]:
   """(backend, variant, note) triples to run on `bp`.
 
   variants_policy: "ladder" (every variant on ladder problems, each backend's
@@ -324,37 +374,46 @@ def choose_kernels(bp: P.BenchProblem, backends: list[str], variants_policy,
   AUTO, when among `backends`, adds (AUTO, AUTO_VARIANT) under every policy.
   `slow` holds (backend, variant) pairs too slow to run here (interpreted, on
   a CPU): the best is then replaced by the highest rung below it that is not
-  slow, and the note says so.
+  slow, and the note says so. A backend with no kernels for the op (`ops.op`)
+  gets one row, `unsupported`, saying so.
   """
   out = []
   for b in backends:
     if b == AUTO:   # one kernel whatever the policy: the default has no variants to pick
       out.append((AUTO, AUTO_VARIANT, ""))
       continue
-    vs = list(jaxgemm.variants(b))
+    if b not in jaxgemm.backends(ops.op):
+      out.append((b, "-", f"{UNSUPPORTED_PREFIX}backend {b!r} has no {ops.op} kernels here "
+                          f"(jaxgemm.backends({ops.op!r}) = {jaxgemm.backends(ops.op)})"))
+      continue
+    vs = list(jaxgemm.variants(b, ops.op))
     if isinstance(variants_policy, (list, tuple)):
       out.extend((b, v, "") for v in vs if v in variants_policy)
     elif variants_policy == "all" or (variants_policy == "ladder" and bp.ladder):
       out.extend((b, v, "") for v in vs)
     else:
-      best = default_variant(b, bp, dtype_name)
+      best = default_variant(b, bp, dtype_name, ops)
       if best_seen is not None:
-        best_seen.add((b, best))
-      if (b, best) not in slow or best not in vs:
+        best_seen.add(ops.slow_key(b, best))
+      if ops.slow_key(b, best) not in slow or best not in vs:
         out.append((b, best, ""))
         continue
-      lower = [v for v in reversed(vs[:vs.index(best)]) if (b, v) not in slow]
+      lower = [v for v in reversed(vs[:vs.index(best)]) if ops.slow_key(b, v) not in slow]
       if lower:
         out.append((b, lower[0], f"CPU: best variant {best!r} is too slow interpreted "
-                                 f"({slow[(b, best)]:.1f} s per call); ran {lower[0]!r}"))
+                                 f"({slow[ops.slow_key(b, best)]:.1f} s per call); ran "
+                                 f"{lower[0]!r}"))
       else:
         out.append((b, best, ""))   # run_problem records it as skipped, saying why
   return out
 
 
 def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]],
-                make_fn: Callable = kernel_fn) -> list[dict]:
-  """XLA's dot and every kernel on one problem; returns (and emits) the rows."""
+                make_fn: Callable = kernel_fn, ops: Measured = GEMM) -> list[dict]:
+  """XLA's own op (dot) and every kernel on one problem; returns (and emits) the rows.
+
+  ops: what is measured (`GEMM`: matmul's problems; `moe.RAGGED_DOT`: ragged_dot's).
+  """
   dtype_name = bp.dtype or ctx.dtype_name
   rows = []
 
@@ -363,23 +422,31 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     ctx.emit(row)
 
   if not ctx.on_gpu and bp.flops > ctx.cpu_max_gflop * 1e9:
-    row = base_row(ctx, bp.suite, "gemm", REF, REF_VARIANT, bp, dtype_name)
+    row = base_row(ctx, bp.suite, "gemm", REF, ops.ref_variant(bp), bp, dtype_name)
     row.update(status=STATUS_SKIPPED,
                note=f"skipped on CPU: {bp.flops / 1e9:.2f} GFLOP is above "
                     f"--cpu-max-gflop={ctx.cpu_max_gflop}")
     emit(row)
     return rows
 
+  try:
+    bp = ops.prepare(ctx, bp, dtype_name)
+  except Exception as e:  # noqa: BLE001 (record and go on)
+    row = base_row(ctx, bp.suite, "gemm", REF, ops.ref_variant(bp), bp, dtype_name)
+    row.update(status=STATUS_ERROR, note=short_error(e))
+    emit(row)
+    return rows
   set_bytes = bp.min_bytes(dtype_name)
   n_rot = rotation(set_bytes, l2_bytes(ctx.device_kind), ctx.max_rotate) if ctx.on_gpu else 1
   rot = {"rotate": n_rot, "working_set_mb": round(n_rot * set_bytes / 2**20, 3)}
 
-  # ---- XLA's dot: reference result and baseline time.
-  ref_row = base_row(ctx, bp.suite, "gemm", REF, REF_VARIANT, bp, dtype_name)
+  # ---- XLA's own op: reference result and baseline time.
+  ref_row = base_row(ctx, bp.suite, "gemm", REF, ops.ref_variant(bp), bp, dtype_name)
   ref_row.update(rot)
   try:
-    bufs = make_inputs(bp, dtype_name, n_rot, ctx.seed)
-    compiled, refs, c_s, f_s = _compile_and_run(ref_fn(bp, dtype_name), bufs, n_rot)
+    bufs = ops.inputs(bp, dtype_name, n_rot, ctx.seed)
+    compiled, refs, c_s, f_s = _compile_and_run(ops.ref_fn(bp, dtype_name), bufs, n_rot,
+                                                ops.arity)
     ref_norm = float(_norm(refs[0]))
     if not math.isfinite(ref_norm) or ref_norm == 0:
       raise RuntimeError(f"XLA's result has norm {ref_norm}: inputs or XLA broken")
@@ -395,20 +462,28 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     ctx.log(f"  {bp.name}: XLA reference failed: {short_error(e)}")
     return rows
   emit(ref_row)
+  extra, finish = ops.before_kernels(ctx, bp, dtype_name, bufs, refs, ref_compiled, n_rot)
+  for row in extra:
+    emit(row)
 
   for backend, variant, why in kernels:
     row = base_row(ctx, bp.suite, "gemm", backend, variant, bp, dtype_name)
     if why:
-      row["note"] = why
-    picked = choice(bp, dtype_name, backend, variant)   # the config recorded is the one run
+      row["note"] = why.removeprefix(UNSUPPORTED_PREFIX)
+    if why.startswith(UNSUPPORTED_PREFIX):
+      row.update(rot, status=STATUS_UNSUPPORTED)
+      emit(row)
+      continue
+    # the config recorded is the one run
+    picked = choice(bp, dtype_name, backend, variant, ops)
     row.update(rot, tolerance=TOLERANCE[dtype_name],
                config=picked.config.to_json() if picked else "",
-               variant_rank=_rank(backend, variant))
-    key = (backend, variant)
+               variant_rank=_rank(backend, variant, ops.op))
+    key = ops.slow_key(backend, variant)
     if backend == AUTO and picked:
       row["chosen"] = describe_choice(picked)
       # auto runs another kernel on each problem: its speed is that kernel's.
-      key = (picked.backend, picked.variant)
+      key = ops.slow_key(picked.backend, picked.variant)
     if excluded(ctx.exclude, backend, variant, bp.name):
       row.update(status=STATUS_SKIPPED, note="excluded by --exclude")
     elif not ctx.on_gpu and key in ctx.slow:
@@ -417,14 +492,17 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
                       f"took {ctx.slow[key]:.1f} s (budget {ctx.cpu_call_budget_s} s)")
     else:
       with Watchdog(ctx, row, f"{backend}/{variant} on {bp.name}"):
-        _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled, key)
+        _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled, key,
+                    ops.arity)
+    if finish is not None:
+      finish(row)
     emit(row)
   del bufs, refs, ref_compiled
   return rows
 
 
 def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled,
-                key):
+                key, arity=2):
   """Compile, run, check against XLA, then time one kernel (paired with XLA's
   dot, `ref_compiled`); fills `row`.
 
@@ -434,7 +512,7 @@ def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, r
   tol = TOLERANCE[dtype_name]
   try:
     fn = make_fn(bp, dtype_name, backend, variant)
-    compiled, outs, c_s, f_s = _compile_and_run(fn, bufs, n_rot)
+    compiled, outs, c_s, f_s = _compile_and_run(fn, bufs, n_rot, arity)
   except Exception as e:  # noqa: BLE001
     unsupported = is_not_implemented(e)
     row.update(status=STATUS_UNSUPPORTED if unsupported else STATUS_ERROR, note=short_error(e))
@@ -593,7 +671,9 @@ class Progress:
 
 
 def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backends: list[str],
-                   variants_policy, make_fn: Callable = kernel_fn) -> list[dict]:
+                   variants_policy, make_fn: Callable = kernel_fn,
+                   ops: Measured = GEMM) -> list[dict]:
+  """Every problem of a suite (`ops`: of matmul, or another op's `Measured`)."""
   bar = Progress(len(probs), suite)
   log = ctx.log
   ctx.log = bar.write
@@ -601,15 +681,17 @@ def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backen
   try:
     for bp in probs:
       if ctx.out_of_time():
-        row = base_row(ctx, bp.suite, "gemm", REF, REF_VARIANT, bp, bp.dtype or ctx.dtype_name)
+        row = base_row(ctx, bp.suite, "gemm", REF, ops.ref_variant(bp), bp,
+                       bp.dtype or ctx.dtype_name)
         row.update(status=STATUS_SKIPPED, note=f"not run: --time-budget {ctx.time_budget_s:g} s spent")
         ctx.emit(row)
         rows.append(row)
         bar.update(f"{bp.name} (out of time)")
         continue
       kernels = choose_kernels(bp, backends, variants_policy, bp.dtype or ctx.dtype_name,
-                               slow={} if ctx.on_gpu else ctx.slow, best_seen=ctx.best_seen)
-      r = run_problem(ctx, bp, kernels, make_fn)
+                               slow={} if ctx.on_gpu else ctx.slow, best_seen=ctx.best_seen,
+                               ops=ops)
+      r = run_problem(ctx, bp, kernels, make_fn, ops)
       rows.extend(r)
       bar.write(one_line(bp, r))
       bar.update(bp.name)

@@ -8,6 +8,17 @@ transpose rules) on the same kernels. Attention's score and value products,
 norms and softmax stay on XLA in both models, so the two differ only in their
 dense GEMMs. The optimizer is Adam written in plain JAX (no optax).
 
+The MoE variant (`ModelConfig.n_experts` > 0; the moe suites run it, see moe.py)
+replaces each MLP by a mixture of experts: a router (softmax over the experts
+of an fp32 projection on XLA's dot, the same in every model), top-k (k=2)
+with the k weights renormalized, the token copies sorted by expert
+(argsort), grouped gate/up/down GEMMs with SwiGLU through `jaxgemm.ragged_dot`
+(group sizes from a bincount of the sorted expert ids: a device array, no
+host sync), then unsorted and combined with the router weights. There the
+grouped GEMMs run on the chosen backend (XLA's `lax.ragged_dot` for the
+reference) and every dense layer on XLA's dot, so the models differ only in
+their grouped GEMMs.
+
 The task is learnable, so the loss falls: tokens are uniform random, the target
 of each position is a fixed random permutation of its token, or (LABEL_NOISE)
 a random token, so that the loss levels off at O(1) instead of vanishing. Both models start
@@ -72,26 +83,48 @@ class ModelConfig:
   # history at commit 6af37ac, their step times in bench/results/history.csv).
   warmup_steps: int = 10
   clip_norm: float = 1.0
+  # A mixture-of-experts MLP (n_experts > 0): each token goes to its top_k experts,
+  # each a SwiGLU MLP of width d_ff (gate, up, down).
+  n_experts: int = 0
+  top_k: int = 2
 
   @property
   def tokens(self) -> int:
     return self.batch * self.seq
 
   @property
+  def moe(self) -> bool:
+    return self.n_experts > 0
+
+  @property
+  def op(self) -> str:
+    """The op whose backends the model's step compares: matmul, or ragged_dot (MoE)."""
+    return "ragged_dot" if self.moe else "matmul"
+
+  @property
   def name(self) -> str:
+    if self.moe:
+      return (f"moe.L{self.n_layers}.d{self.d_model}.e{self.n_experts}k{self.top_k}"
+              f".ff{self.d_ff}.v{self.vocab}.b{self.batch}.s{self.seq}")
     return (f"transformer.L{self.n_layers}.d{self.d_model}.ff{self.d_ff}.v{self.vocab}"
             f".b{self.batch}.s{self.seq}")
 
   @property
   def dense_flops(self) -> int:
-    """FLOPs of the dense GEMMs per step: forward + two backward GEMMs each."""
+    """FLOPs of the GEMMs per step (dense, and an MoE's router and grouped GEMMs over its
+    top_k copies of each token): forward + two backward GEMMs each."""
+    mlp = (self.d_model * self.n_experts + 3 * self.top_k * self.d_model * self.d_ff
+           if self.moe else 2 * self.d_model * self.d_ff)
     per_token = self.n_layers * (3 * self.d_model ** 2 + self.d_model ** 2
-                                 + 2 * self.d_model * self.d_ff) + self.d_model * self.vocab
+                                 + mlp) + self.d_model * self.vocab
     return 3 * 2 * self.tokens * per_token
 
   def describe(self) -> str:
+    mlp = (f"MoE MLP of {self.n_experts} SwiGLU experts of width {self.d_ff} (top-"
+           f"{self.top_k} routing, grouped GEMMs; dense layers on XLA's dot)"
+           if self.moe else f"MLP {self.d_ff}")
     return (f"{self.n_layers}-layer decoder, d_model {self.d_model}, {self.n_heads} heads, "
-            f"MLP {self.d_ff}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
+            f"{mlp}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
             f"Adam lr {self.lr} (warmup {self.warmup_steps} steps, gradients clipped to "
             f"norm {self.clip_norm}), {self.steps} steps")
 
@@ -101,16 +134,30 @@ GPU_MODEL = ModelConfig(batch=8, seq=1024, d_model=1024, n_heads=16, d_ff=4096,
 GPU_MODEL_QUICK = dataclasses.replace(GPU_MODEL, steps=15)
 CPU_MODEL = ModelConfig(batch=2, seq=16, d_model=64, n_heads=4, d_ff=128,
                         n_layers=1, vocab=128, steps=6)
+# The MoE step (issue 26): 8192 tokens, 8 experts of width 2048, top-2: 16384 rows
+# through each grouped GEMM.
+GPU_MOE_MODEL = ModelConfig(batch=8, seq=1024, d_model=1024, n_heads=16, d_ff=2048,
+                            n_layers=2, vocab=8192, steps=50, n_experts=8, top_k=2)
+GPU_MOE_MODEL_QUICK = dataclasses.replace(GPU_MOE_MODEL, steps=15)
+CPU_MOE_MODEL = ModelConfig(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, n_layers=1,
+                            vocab=64, steps=4, n_experts=4, top_k=2)
+
+
+def moe_model(on_gpu: bool, quick: bool = False) -> ModelConfig:
+  """The MoE step's model for this machine."""
+  if not on_gpu:
+    return CPU_MOE_MODEL
+  return GPU_MOE_MODEL_QUICK if quick else GPU_MOE_MODEL
 
 
 # ---------------------------------------------------------------- the model
 
 def init_params(cfg: ModelConfig, seed: int):
   key = jax.random.key(seed)
-  ks = iter(jax.random.split(key, 4 + 4 * cfg.n_layers))
+  ks = iter(jax.random.split(key, 4 + (6 if cfg.moe else 4) * cfg.n_layers))
 
-  def dense(k, d_in, d_out):
-    return jax.random.normal(k, (d_in, d_out), jnp.float32) / math.sqrt(d_in)
+  def dense(k, d_in, d_out, experts=()):
+    return jax.random.normal(k, (*experts, d_in, d_out), jnp.float32) / math.sqrt(d_in)
 
   params = {
       "embed": jax.random.normal(next(ks), (cfg.vocab, cfg.d_model), jnp.float32),
@@ -118,6 +165,17 @@ def init_params(cfg: ModelConfig, seed: int):
       "layers": [],
   }
   for _ in range(cfg.n_layers):
+    if cfg.moe:
+      e = (cfg.n_experts,)
+      params["layers"].append({
+          "qkv": dense(next(ks), cfg.d_model, 3 * cfg.d_model),
+          "o": dense(next(ks), cfg.d_model, cfg.d_model),
+          "router": dense(next(ks), cfg.d_model, cfg.n_experts),
+          "gate": dense(next(ks), cfg.d_model, cfg.d_ff, e),
+          "up": dense(next(ks), cfg.d_model, cfg.d_ff, e),
+          "down": dense(next(ks), cfg.d_ff, cfg.d_model, e),
+      })
+      continue
     params["layers"].append({
         "qkv": dense(next(ks), cfg.d_model, 3 * cfg.d_model),
         "o": dense(next(ks), cfg.d_model, cfg.d_model),
@@ -132,8 +190,33 @@ def _rmsnorm(x):
   return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)).astype(x.dtype)
 
 
-def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dtype):
-  """Mean cross-entropy; every dense layer is mm(x, w)."""
+def moe_mlp(x, lp, *, cfg: ModelConfig, gmm: Callable, dtype):
+  """A mixture-of-experts MLP on tokens x (T, d): route, sort, grouped SwiGLU, unsort.
+
+  gmm(lhs (R, d_in), w (E, d_in, d_out), group_sizes (E,)) is the grouped GEMM
+  (jaxgemm.ragged_dot on a backend, or lax.ragged_dot).
+  """
+  t, d = x.shape
+  e, k = cfg.n_experts, cfg.top_k
+  # The router: fp32 on XLA's dot in every model, so routing differs only by what the
+  # grouped GEMMs of earlier layers change.
+  probs = jax.nn.softmax(jnp.matmul(x.astype(jnp.float32), lp["router"]), axis=-1)
+  weights, experts = jax.lax.top_k(probs, k)                  # (t, k)
+  weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  flat = experts.reshape(-1)                                  # copy i*k + j: token i, choice j
+  order = jnp.argsort(flat, stable=True)                      # copies sorted by expert
+  group_sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+  xs = x[order // k]                                          # (t*k, d), grouped by expert
+  gate = gmm(xs, lp["gate"].astype(dtype), group_sizes)
+  up = gmm(xs, lp["up"].astype(dtype), group_sizes)
+  ys = gmm(jax.nn.silu(gate) * up, lp["down"].astype(dtype), group_sizes)   # (t*k, d)
+  y = jnp.zeros_like(ys).at[order].set(ys)                    # unsorted: copy i*k + j
+  return jnp.sum(y.reshape(t, k, d) * weights[..., None].astype(dtype), axis=1)
+
+
+def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dtype,
+                 gmm: Callable | None = None):
+  """Mean cross-entropy; every dense layer is mm(x, w), an MoE's grouped GEMMs gmm."""
   b, s = tokens.shape
   h = params["embed"][tokens].astype(dtype)
   heads, dh = cfg.n_heads, cfg.d_model // cfg.n_heads
@@ -150,7 +233,11 @@ def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dty
     ctx = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, s, cfg.d_model)
     h = h + mm(ctx, lp["o"].astype(dtype))
     x = _rmsnorm(h)
-    h = h + mm(jax.nn.gelu(mm(x, lp["up"].astype(dtype))), lp["down"].astype(dtype))
+    if cfg.moe:
+      h = h + moe_mlp(x.reshape(b * s, cfg.d_model), lp, cfg=cfg, gmm=gmm,
+                      dtype=dtype).reshape(b, s, cfg.d_model)
+    else:
+      h = h + mm(jax.nn.gelu(mm(x, lp["up"].astype(dtype))), lp["down"].astype(dtype))
   logits = mm(_rmsnorm(h), params["out"].astype(dtype)).astype(jnp.float32)
   logp = jax.nn.log_softmax(logits, axis=-1)
   return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
@@ -195,8 +282,18 @@ def make_mm(backend: str, variant: str, dtype_name: str) -> Callable:
   return lambda x, w: jaxgemm.matmul(x, w, precision=prec, backend=backend, variant=v)
 
 
-def make_step(cfg: ModelConfig, mm: Callable, dtype):
-  loss_fn = functools.partial(forward_loss, cfg=cfg, mm=mm, dtype=dtype)
+def make_gmm(backend: str, variant: str, dtype_name: str) -> Callable:
+  """The MoE's grouped GEMM: lax.ragged_dot for XLA's model, else jaxgemm.ragged_dot."""
+  prec = precision_of(dtype_name)
+  if backend == REF:
+    return lambda x, w, gs: jax.lax.ragged_dot(x, w, gs, precision=prec)
+  v = None if backend == AUTO or variant == DEFAULT_VARIANT else variant
+  return lambda x, w, gs: jaxgemm.ragged_dot(x, w, gs, precision=prec, backend=backend,
+                                             variant=v)
+
+
+def make_step(cfg: ModelConfig, mm: Callable, dtype, gmm: Callable | None = None):
+  loss_fn = functools.partial(forward_loss, cfg=cfg, mm=mm, dtype=dtype, gmm=gmm)
 
   def step(params, opt, tokens, targets):
     loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
@@ -235,7 +332,8 @@ def _tree_rel_err(a, b) -> float:
 
 
 def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_name: str,
-              mm: Callable | None = None, reference: Callable | None = None):
+              mm: Callable | None = None, reference: Callable | None = None,
+              gmm: Callable | None = None):
   """Trains `cfg` on one GEMM implementation: (losses, grads0, step stats, info).
 
   grads0, the gradient at step 0, is read off Adam's first moment after the
@@ -244,10 +342,15 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
   rounding.
   info["compiled"] is the compiled step; with `reference` (XLA's compiled
   step) the two are timed interleaved and info["xla_ms"] is XLA's median.
+  An MoE model's dense layers run on XLA's dot and its grouped GEMMs on
+  (backend, variant), unless `mm` / `gmm` say otherwise.
   """
   dtype = P.dtype_of(dtype_name)
+  if cfg.moe:
+    mm = mm or make_mm(REF, REF_VARIANT, dtype_name)
+    gmm = gmm or make_gmm(backend, variant, dtype_name)
   mm = mm or make_mm(backend, variant, dtype_name)
-  step = make_step(cfg, mm, dtype)
+  step = make_step(cfg, mm, dtype, gmm)
   params = init_params(cfg, ctx.seed)
   opt = adam_init(params)
   data = list(batches(cfg, ctx.seed))
@@ -283,25 +386,47 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
 
 
 def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: bool = False,
-                 cfg: ModelConfig | None = None, mm_factory: Callable | None = None) -> list[dict]:
+                 cfg: ModelConfig | None = None, mm_factory: Callable | None = None,
+                 suite: str = "training") -> list[dict]:
   """The training suite: XLA's dot, then each backend with variant=None (its own choice
   per GEMM, labelled "(default)"), or the chosen variants with --variants all / a list.
 
   The pseudo-backend AUTO, when among `backends`, trains as a user's model does by
   default (backend="auto", no variant: jaxgemm picks per GEMM, forward and backward),
   labelled AUTO/AUTO_VARIANT, under every policy: its step time against XLA's is
-  the "default arguments" training number."""
-  from .runner import Progress  # noqa: PLC0415
+  the "default arguments" training number.
+
+  An MoE `cfg` (the moe suites, rows labelled with `suite`) compares the backends of
+  op ragged_dot on its grouped GEMMs; `mm_factory` then makes its grouped GEMM
+  (x, w, group_sizes) -> y."""
+  from .runner import Progress, slow_key  # noqa: PLC0415
 
   dtype_name = ctx.dtype_name
   if cfg is None:
     cfg = (GPU_MODEL_QUICK if quick else GPU_MODEL) if ctx.on_gpu else CPU_MODEL
+  op = cfg.op
+
+  def key(b, v):
+    return slow_key(op, b, v)
+
+  def factory(backend, variant):
+    """train_one's mm and gmm for (backend, variant)."""
+    if mm_factory is None:
+      return {}
+    return {"gmm": mm_factory(backend, variant)} if cfg.moe else {
+        "mm": mm_factory(backend, variant)}
+
   kernels = []   # (backend, variant, note)
   for b in backends:
     if b == AUTO:
       kernels.append((AUTO, AUTO_VARIANT, ""))
       continue
-    vs = list(jaxgemm.variants(b))
+    if b not in jaxgemm.backends(op):
+      kernels.append((b, DEFAULT_VARIANT, f"unsupported: backend {b!r} has no {op} kernels "
+                                          f"here (jaxgemm.backends({op!r}) = "
+                                          f"{jaxgemm.backends(op)})"))
+      continue
+    vs = list(jaxgemm.variants(b, op))
     if isinstance(variants_policy, (list, tuple)):
       kernels += [(b, v, "") for v in vs if v in variants_policy]
     elif variants_policy == "all":
@@ -311,10 +436,10 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     else:
       # CPU, after the GEMM suites: interpreted steps are slow, so take the highest
       # rung whose interpreted GEMMs were fast there, and say so.
-      fast = [v for v in vs if (b, v) in ctx.call_s and (b, v) not in ctx.slow
-              and ctx.call_s[(b, v)] <= CPU_TRAIN_CALL_S]
+      fast = [v for v in vs if key(b, v) in ctx.call_s and key(b, v) not in ctx.slow
+              and ctx.call_s[key(b, v)] <= CPU_TRAIN_CALL_S]
       # Prefer a variant the backend picked itself for some GEMM problem.
-      fast = [v for v in fast if (b, v) in ctx.best_seen] or fast
+      fast = [v for v in fast if key(b, v) in ctx.best_seen] or fast
       if fast:
         kernels.append((b, fast[-1], f"CPU: variant {fast[-1]!r}, the highest rung the backend "
                                      f"picks whose interpreted GEMMs took <= "
@@ -325,10 +450,10 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
                         f"{CPU_TRAIN_CALL_S} s per call in the GEMM suites; a training step "
                         "would take too long on a CPU"))
   rows = []
-  bar = Progress(1 + len(kernels), "training")
+  bar = Progress(1 + len(kernels), "training" if suite == "training" else f"{suite} training")
 
   def row_for(backend, variant, kind):
-    r = base_row(ctx, "training", kind, backend, variant, None, dtype_name)
+    r = base_row(ctx, suite, kind, backend, variant, None, dtype_name)
     r.update(problem=cfg.name, problem_note=cfg.describe(), flops=cfg.dense_flops,
              tokens_per_step=cfg.tokens, steps=cfg.steps)
     return r
@@ -353,8 +478,7 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
   try:
     with Watchdog(ctx, ref, "training on XLA's dot", factor=TIMEOUT_FACTOR):
       ref_losses, ref_grads0, ref_stats, info = train_one(
-          ctx, cfg, REF, REF_VARIANT, dtype_name,
-          mm=mm_factory(REF, REF_VARIANT) if mm_factory else None)
+          ctx, cfg, REF, REF_VARIANT, dtype_name, **factory(REF, REF_VARIANT))
     ref_compiled = info.get("compiled")
     ref.update(_step_metrics(ctx, cfg, ref_stats, None), status=STATUS_OK,
                compile_s=info["compile_s"], step_wall_ms=info.get("wall_ms"),
@@ -376,8 +500,14 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
   traj_tol = TRAJECTORY_TOL[dtype_name]
   for backend, variant, why in kernels:
     r = row_for(backend, variant, "train_step")
-    r.update(tolerance=traj_tol, note=why.removeprefix("skip: "))
-    slow = ctx.slow.get((backend, variant))
+    r.update(tolerance=traj_tol, note=why.removeprefix("skip: ").removeprefix("unsupported: "))
+    if why.startswith("unsupported: "):
+      r["status"] = STATUS_UNSUPPORTED
+      emit(r)
+      bar.write(f"    {backend + '/' + variant:<28} UNSUPPORTED: {r['note']}")
+      bar.update(f"{backend}/{variant}")
+      continue
+    slow = ctx.slow.get(key(backend, variant))
     if why.startswith("skip: ") or (not ctx.on_gpu and slow):
       if slow:
         r["note"] = f"skipped on CPU: its interpreted GEMM took {slow:.1f} s per call"
@@ -394,8 +524,8 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     try:
       with Watchdog(ctx, r, f"training on {backend}/{variant}", factor=TIMEOUT_FACTOR):
         losses, grads0, stats, info = train_one(
-            ctx, cfg, backend, variant, dtype_name,
-            mm=mm_factory(backend, variant) if mm_factory else None, reference=ref_compiled)
+            ctx, cfg, backend, variant, dtype_name, reference=ref_compiled,
+            **factory(backend, variant))
     except Exception as e:  # noqa: BLE001
       r.update(status=STATUS_UNSUPPORTED if is_not_implemented(e) else STATUS_ERROR,
                note=short_error(e))

@@ -1,6 +1,7 @@
 """The run's CSV: provenance, columns, writing, reading and merging.
 
-CSV: one row per measurement (a kernel on a problem, XLA's dot on a problem, a
+CSV: one row per measurement (a kernel on a problem, XLA's own op on a problem -- its
+dot, or for the moe suites its ragged_dot -- jax's example grouped GEMM kernel, a
 training step, one step's loss, the copy bandwidth), with the run's provenance
 (device, driver, versions, git commit, date, timer, input distribution) on
 every row. Everything made after it (REPORT.md, the tables, the plots, the
@@ -27,15 +28,17 @@ COLUMNS = [
     "run_id", "suite", "kind", "problem", "backend", "variant", "variant_rank", "dtype",
     "precision",
     "batch", "m", "k", "n", "layout", "ladder", "flops", "min_bytes", "arith_intensity",
+    "groups", "active_groups", "mode", "layer",
     "status", "error", "tolerance", "note",
     "timer", "iters", "rotate", "working_set_mb",
     "time_ms_median", "time_ms_p10", "time_ms_p90", "time_ms_iqr", "time_ms_min",
     "tflops", "pct_peak", "gbps", "pct_copy_bw", "memory_bound",
-    "xla_time_ms", "speedup_vs_xla", "compile_s", "first_run_s",
+    "xla_time_ms", "speedup_vs_xla", "example_time_ms", "speedup_vs_example",
+    "compile_s", "first_run_s",
     "tokens_per_step", "tokens_per_s", "step_wall_ms", "steps", "step", "loss", "loss_first",
     "loss_last",
     "loss_max_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
-    "config", "chosen", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
+    "config", "chosen", "group_sizes", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
     *PROVENANCE,
 ]
 

@@ -148,9 +148,12 @@ def plot_bandwidth(run: Run, path: Path) -> bool:
 
 def plot_training(run: Run, path: Path) -> bool:
   losses = defaultdict(list)
+  models = list(dict.fromkeys(r["problem"] for r in run.rows if r["kind"] == "train_loss"))
   for r in run.rows:
     if r["kind"] == "train_loss":
       who = "XLA dot" if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
+      if len(models) > 1:   # the dense model and the moe suites' MoE model: say which
+        who = f"{r['problem'].split('.', 1)[0]}: {who}"
       losses[who].append((int(num(r["step"])), num(r["loss"])))
   if not losses:
     return False
@@ -158,7 +161,7 @@ def plot_training(run: Run, path: Path) -> bool:
   fig, ax = plt.subplots(figsize=(7, 4.2))
   for who, pts in losses.items():
     pts.sort()
-    style = dict(color="black", linewidth=2.5, alpha=0.5) if who == "XLA dot" else {}
+    style = dict(color="black", linewidth=2.5, alpha=0.5) if who.endswith("XLA dot") else {}
     ax.plot(*zip(*pts), label=who, **style)
   ax.set_xlabel("step")
   ax.set_ylabel("training loss")

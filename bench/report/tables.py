@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .csvio import PROVENANCE, num
 from .plots import PLOTS
-from .view import AUTO, REF, Run, geomean
+from .view import AUTO, EXAMPLE, REF, Run, geomean
 
 # Issue 6's target for the default: geomean over these suites at least
 # DEFAULT_TARGET x XLA, no problem below DEFAULT_FLOOR x, and a training step no
@@ -138,7 +138,8 @@ def _met(ok: bool) -> str:
 
 def defaults_summary(run: Run) -> list[str]:
   """jaxgemm's default (backend='auto') against XLA: the GEMM and training numbers."""
-  steps = [r for r in run.rows if r["kind"] == "train_step" and r["backend"] == AUTO]
+  steps = [r for r in run.rows if r["kind"] == "train_step" and r["backend"] == AUTO
+           and not _is_moe_step(r)]
   if not steps and not run.has_auto:
     return []
   suites, is_target = _default_suites(run)
@@ -246,6 +247,199 @@ def targets_table(run: Run) -> list[str]:
   return _table(["problem (MxKxN)", "backend", "target vs XLA", "best variant", ""], rows)
 
 
+# ---------------------------------------------------------------- grouped GEMM (moe suites)
+
+def _is_moe_step(r: dict) -> bool:
+  """A training step of the moe suites' MoE model (not the dense model's)."""
+  return r.get("suite", "").startswith("moe")
+
+
+def _moe_backends(run: Run, suites) -> list[str]:
+  """jaxgemm's backends with rows in the moe suites (xla's first), then the default."""
+  seen = [r["backend"] for s in suites for p in run.problems(s)
+          for r in run.kernel_rows(s, p["problem"])]
+  bs = [b for b in run.backend_variants if b in seen]
+  return bs + ([AUTO] if AUTO in seen else [])
+
+
+def _fastest(rows) -> dict | None:
+  ok = [r for r in rows if r and r["status"] == "ok" and num(r["time_ms_median"])]
+  return min(ok, key=lambda r: num(r["time_ms_median"])) if ok else None
+
+
+def _pick(run: Run, suite: str, problem: str, backend: str) -> dict | None:
+  """The fastest correct row of `backend` on the problem (EXAMPLE: jax's example)."""
+  if backend == EXAMPLE:
+    return _fastest([run.example(suite, problem)])
+  return _fastest(r for r in run.kernel_rows(suite, problem) if r["backend"] == backend)
+
+
+def _us(r: dict) -> str:
+  return f"{num(r['time_ms_median']) * 1e3:,.0f} us"
+
+
+def _roofline(r: dict) -> float | None:
+  pct = num(r.get("pct_copy_bw"))
+  return None if pct is None else pct / 100
+
+
+def moe_table(run: Run, suite: str) -> list[str]:
+  """A moe suite's problems: TFLOP/s of XLA's lax.ragged_dot, jax's example kernel, the
+  default and each backend (best variant) with its ratios, and the bandwidth roofline."""
+  bs = [b for b in _moe_backends(run, [suite]) if b != AUTO]
+  rows = []
+  for p in run.problems(suite):
+    name = p["problem"]
+    ex = _pick(run, suite, name, EXAMPLE)
+    exr = run.example(suite, name)
+    row = [name, f"{p.get('groups')} ({p.get('active_groups') or '?'})", _shape(p),
+           p.get("mode", ""), _cell_t(p, False) if p["status"] == "ok" else p["status"],
+           _fmt_t(num(ex["tflops"])) if ex else (exr["status"] if exr else "-")]
+
+    def cell(r):
+      if r is None:
+        return "-"
+      text = _cell_t(r)
+      sx = num(r.get("speedup_vs_example"))
+      if r["status"] == "ok" and sx:
+        text = text[:-1] + f"; {_fmt_x(sx)} ex.)"
+      return text
+
+    if run.has_auto:
+      a = run.auto(suite, name)
+      row.append("-" if a is None else f"{cell(a)} {a.get('chosen') or ''}".strip())
+    for b in bs:
+      best = _pick(run, suite, name, b)
+      if best is None:
+        st = sorted({r["status"] for r in run.kernel_rows(suite, name) if r["backend"] == b})
+        row.append("/".join(st) or "-")
+      else:
+        row.append(f"{cell(best)} {best['variant']}")
+    if p.get("memory_bound") == "1":
+      parts = []
+      for who, r in (("XLA", p if p["status"] == "ok" else None), ("example", ex),
+                     *((b, _pick(run, suite, name, b)) for b in bs)):
+        if r is not None and _roofline(r) is not None:
+          parts.append(f"{who} {_us(r)} {_roofline(r):.2f}x")
+      row.append("; ".join(parts))
+    else:
+      row.append("")
+    rows.append(row)
+  header = ["problem", "G (with tokens)", "MxKxN", "call", "XLA lax.ragged_dot TFLOP/s",
+            "jax example TFLOP/s (best config)",
+            *(["default (auto) (vs XLA; vs ex.), chose"] if run.has_auto else []),
+            *[f"{b} best (vs XLA; vs ex.) variant" for b in bs],
+            "memory bound: time, fraction of the bandwidth roofline"]
+  return _table(header, rows)
+
+
+# Issue 26's targets (H200, bf16): (problem of the moe suite, what is measured,
+# threshold, as the issue says it). Kinds: "tflops" (at least), "time_us" (at most),
+# "roofline" (min bytes / time / copy bandwidth, at least), "bwd" (a backward GEMM's
+# TFLOP/s over its forward's on the same backend, at least), "train" (the MoE
+# training step's speedup over XLA's step, at least).
+MOE_TARGETS = (
+    ("g8.m16384.k4096.n14336", "tflops", 720.0, ">= 720 TFLOP/s (0.9x of dense)"),
+    ("g64.m16384.k2048.n1408", "tflops", 550.0, ">= 550 TFLOP/s"),
+    ("g128.m8192.k7168.n2048", "time_us", 1000.0,
+     "<= 1000 us (>= 0.87x of the bandwidth roofline)"),
+    ("g8.m128.k4096.n14336", "roofline", 0.93,
+     ">= 0.93x of the bandwidth roofline (experts with tokens)"),
+    ("g8.m16384.k4096.n14336.dgrad", "bwd", 0.85, ">= 0.85x of its forward's TFLOP/s"),
+    ("g8.m16384.k4096.n14336.wgrad", "bwd", 0.85, ">= 0.85x of its forward's TFLOP/s"),
+    ("g64.m16384.k2048.n1408.dgrad", "bwd", 0.85, ">= 0.85x of its forward's TFLOP/s"),
+    ("g64.m16384.k2048.n1408.wgrad", "bwd", 0.85, ">= 0.85x of its forward's TFLOP/s"),
+    ("MoE training step", "train", 3.0, ">= 3x XLA's step"),
+)
+
+
+def _moe_value(run: Run, kind: str, suite: str, problem: str, r: dict | None, backend: str):
+  """(value compared with the target, cell text) of row `r`, or (None, text)."""
+  if r is None:
+    return None, "-"
+  if r["status"] != "ok":
+    return None, r["status"]
+  t, ms = num(r.get("tflops")), num(r["time_ms_median"])
+  if kind == "tflops":
+    return t, f"{_fmt_t(t)} TFLOP/s"
+  if kind == "time_us":
+    rf = _roofline(r)
+    return ms * 1e3, _us(r) + (f" ({rf:.2f}x roofline)" if rf is not None else "")
+  if kind == "roofline":
+    rf = _roofline(r)
+    return rf, "-" if rf is None else f"{rf:.2f}x ({_us(r)})"
+  if kind == "bwd":
+    fwd_name = problem.rsplit(".", 1)[0]
+    fwd = (next((p for p in run.problems(suite) if p["problem"] == fwd_name), None)
+           if backend == REF else _pick(run, suite, fwd_name, backend))
+    ft = num(fwd["tflops"]) if fwd and fwd["status"] == "ok" else None
+    if not ft:
+      return None, f"{_fmt_t(t)} TFLOP/s (no forward)"
+    return t / ft, f"{_fmt_t(t)} TFLOP/s ({t / ft:.2f}x fwd)"
+  raise ValueError(kind)
+
+
+def moe_targets_table(run: Run) -> list[str]:
+  """Issue 26's targets against this run: XLA, jax's example, each backend's best variant
+  and the default; `met` where any of jaxgemm's kernels (a named backend other than xla,
+  or the default) reaches the target."""
+  suites = [s for s in run.suites if run.is_moe(s)
+            and all(p["dtype"] == "bf16" for p in run.problems(s))]
+  steps = [r for r in run.rows if r["kind"] == "train_step" and _is_moe_step(r)]
+  bs = _moe_backends(run, suites)
+  ours = [b for b in bs if b != "xla"]
+  rows = []
+  for problem, kind, target, text in MOE_TARGETS:
+    cells, values = [], []
+    if kind == "train":
+      if not steps:
+        continue
+      model = steps[0]["problem"]
+      ref = next((r for r in steps if r["backend"] == REF and r["problem"] == model), None)
+      cells.append(f"{num(ref['time_ms_median']):.2f} ms" if ref and ref["status"] == "ok"
+                   else (ref["status"] if ref else "-"))
+      cells.append("-")
+      for b in bs:
+        rr = [r for r in steps if r["backend"] == b and r["problem"] == model]
+        ok = [r for r in rr if r["status"] == "ok" and num(r.get("speedup_vs_xla"))]
+        if not ok:
+          cells.append("/".join(sorted({r["status"] for r in rr})) or "-")
+          continue
+        r = max(ok, key=lambda r: num(r["speedup_vs_xla"]))
+        s = num(r["speedup_vs_xla"])
+        cells.append(f"{_fmt_x(s)} ({num(r['time_ms_median']):.2f} ms)")
+        if b in ours:
+          values.append(s)
+      label = f"MoE training step ({model})"
+    else:
+      suite = next((s for s in suites if any(p["problem"] == problem
+                                             for p in run.problems(s))), None)
+      if suite is None:
+        continue
+      ref = next(p for p in run.problems(suite) if p["problem"] == problem)
+      cells.append(_moe_value(run, kind, suite, problem, ref, REF)[1])
+      cells.append("-" if kind == "bwd" else
+                   _moe_value(run, kind, suite, problem, _pick(run, suite, problem, EXAMPLE),
+                              EXAMPLE)[1])
+      for b in bs:
+        v, c = _moe_value(run, kind, suite, problem, _pick(run, suite, problem, b), b)
+        cells.append(c)
+        if v is not None and b in ours:
+          values.append(v)
+      label = f"{problem} (G={ref.get('groups')}, {_shape(ref)}, {ref.get('mode')})"
+    if not values:
+      verdict = "not measured"
+    else:
+      best = min(values) if kind == "time_us" else max(values)
+      verdict = "met" if (best <= target if kind == "time_us" else best >= target) \
+          else "**missed**"
+    rows.append([label, text, *cells, verdict])
+  if not rows:
+    return []
+  return _table(["problem", "target", "XLA", "jax example", *[
+      "default (auto)" if b == AUTO else f"{b} (best variant)" for b in bs], ""], rows)
+
+
 def backend_suite_table(run: Run) -> list[str]:
   """Per backend (its best variant on each problem): geomean speedup per suite."""
   bs = list(run.backend_variants)
@@ -275,7 +469,11 @@ def ladder_table(run: Run, backend: str) -> list[str]:
   header = ["variant", *[f"{r['problem']} ({r['m']}x{r['k']}x{r['n']}"
                          f"{', ' + r['dtype'] if several_dtypes else ''})" for r in ladder]]
   rows = []
+  on_ladder = {r["variant"] for ref in ladder for r in run.kernel_rows(ref["suite"], ref["problem"])
+               if r["backend"] == backend}
   for v in run.backend_variants[backend]:
+    if v not in on_ladder:    # another op's variant (the moe suites'), or not run there
+      continue
     row = [v]
     for ref in ladder:
       rr = [r for r in run.kernel_rows(ref["suite"], ref["problem"])
@@ -333,12 +531,20 @@ def suite_table(run: Run, suite: str) -> list[str]:
 
 
 def training_table(run: Run) -> list[str]:
+  """Each model's training steps (the dense model's, the moe suites' MoE model's)."""
   steps = [r for r in run.rows if r["kind"] == "train_step"]
-  if not steps:
-    return []
+  out = []
+  for model in dict.fromkeys(r["problem"] for r in steps):
+    out += [*([""] if out else []), *_training_table(
+        [r for r in steps if r["problem"] == model])]
+  return out
+
+
+def _training_table(steps: list[dict]) -> list[str]:
   rows = []
   for r in steps:
-    who = "XLA dot" if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
+    who = (("XLA lax.ragged_dot" if _is_moe_step(r) else "XLA dot") if r["backend"] == REF
+           else f"{r['backend']}/{r['variant']}")
     t = num(r["time_ms_median"])
     w = num(r.get("step_wall_ms"))
     rows.append([who, r["status"], f"{t:.3f}" if t else "-", f"{w:.3f}" if w else "-",
@@ -414,6 +620,21 @@ def _method(run: Run) -> list[str]:
   ]
 
 
+MOE_TARGETS_NOTE = (
+    "Each target against XLA's `lax.ragged_dot(_general)`, jax's example kernel "
+    "(`ragged_dot_mgpu`, best of a config sweep, forward only), each backend's fastest "
+    "correct variant and the default (`backend='auto'`); `met` where a jaxgemm kernel (not "
+    "the `xla` backend) reaches it. TFLOP/s count 2 M K N; the roofline is the minimum bytes "
+    "(lhs, the weights of the experts that have tokens, the output) over the time, against "
+    "the run's measured copy bandwidth; a backward GEMM is compared with the same backend's "
+    "forward.")
+MOE_TABLE_NOTE = (
+    "`G (with tokens)`: experts, and those with tokens (a Dirichlet(2) split of M, fixed "
+    "seed). `call`: fwd `ragged_dot` (M,K)x(G,K,N); dgrad (M,N)x(G,K,N)^T -> (M,K); wgrad "
+    "(M,K)^T x (M,N) -> (G,K,N). Cells: TFLOP/s (vs XLA's `lax.ragged_dot(_general)`; vs jax's "
+    "example kernel, forward only).")
+
+
 def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
   f = run.first
   lines = [f"# jaxgemm vs XLA's dot: run `{f.get('run_id', '?')}`", ""]
@@ -434,8 +655,15 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
   targets = targets_table(run)
   if targets:
     lines += ["## Kernel targets of the Triton and Pallas issues", "", *targets, ""]
+  moe = moe_targets_table(run)
+  if moe:
+    lines += ["## Grouped GEMM targets (issue 26)", "", MOE_TARGETS_NOTE, "", *moe, ""]
   lines += ["## Kernel ladders", "", *ladder_tables(run), ""]
   for suite in run.suites:
+    if run.is_moe(suite):
+      lines += [f"## Suite `{suite}` (grouped GEMM)", "", MOE_TABLE_NOTE, "",
+                *moe_table(run, suite), ""]
+      continue
     lines += [f"## Suite `{suite}`", "", *suite_table(run, suite), ""]
   tt = training_table(run)
   if tt:
@@ -476,6 +704,13 @@ def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
   targets = targets_table(run)
   if targets:
     lines += ["#### Kernel targets of the Triton and Pallas issues", "", *targets, ""]
+  moe = moe_targets_table(run)
+  if moe:
+    lines += ["#### Grouped GEMM targets (issue 26)", "", MOE_TARGETS_NOTE, "", *moe, ""]
+  for suite in run.suites:
+    if run.is_moe(suite):
+      lines += [f"#### Grouped GEMM: suite `{suite}`", "", MOE_TABLE_NOTE, "",
+                *moe_table(run, suite), ""]
   tt = training_table(run)
   if tt:
     lines += ["#### Training step", "", *tt, ""]

@@ -10,6 +10,9 @@ REF = "xla_dot"
 # jaxgemm's default, jaxgemm.matmul(a, b) (runner.AUTO / AUTO_VARIANT): a row of its
 # own on every problem, kept apart from the backends it picks from.
 AUTO, AUTO_VARIANT = "auto", "default"
+# jax's example grouped GEMM kernel (the moe suites, bench/moe.py): a peer measured
+# beside the kernels, not one of jaxgemm's backends.
+EXAMPLE = "jax_example"
 
 
 def geomean(xs):
@@ -54,7 +57,7 @@ class Run:
     self.backend_variants: dict[str, list[str]] = {}
     rank = {}
     for r in rows:
-      if r["backend"] in (REF, AUTO, "") or r["kind"] != "gemm":
+      if r["backend"] in (REF, AUTO, EXAMPLE, "") or r["kind"] != "gemm":
         continue
       vs = self.backend_variants.setdefault(r["backend"], [])
       if r["variant"] not in vs:
@@ -81,8 +84,19 @@ class Run:
     return [r for r in self.gemm if r["suite"] == suite and r["backend"] == REF]
 
   def kernel_rows(self, suite: str, problem: str) -> list[dict]:
+    """jaxgemm's rows of the problem: its backends' kernels and the default."""
     return [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
-            and r["backend"] != REF]
+            and r["backend"] not in (REF, EXAMPLE)]
+
+  def example(self, suite: str, problem: str) -> dict | None:
+    """jax's example kernel's row of the problem (moe suites), if it has one."""
+    rr = [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
+          and r["backend"] == EXAMPLE]
+    return rr[0] if rr else None
+
+  def is_moe(self, suite: str) -> bool:
+    """Whether `suite` holds grouped GEMMs (ragged_dot: rows with a `mode`)."""
+    return any(r.get("mode") for r in self.problems(suite))
 
   def auto(self, suite: str, problem: str) -> dict | None:
     """The default's (backend='auto') row of the problem, if it ran."""
