@@ -1,0 +1,259 @@
+"""The `pallas` backend of `ragged_dot`: grouped GEMMs in Pallas Mosaic GPU.
+
+Kernels live in `jaxgemm.kernels.pallas.ragged_dot.grouped`, two rungs:
+
+1. `pipelined`: persistent, one warpgroup, a `plgpu.emit_pipeline` over K per
+   (row tile, N tile); row tiles aligned to tile_m, a tile cut by a group
+   boundary run once per group (`schedule.row_tiles`).
+2. `grouped`: persistent, a producer warpgroup feeding two consumer warpgroups
+   through one SMEM ring across all of a CTA's tiles; row tiles start at each
+   group's first row, so a group wastes at most one partial tile.
+
+Both take the ragged-M forms (forward: rhs (G, K, N); the data gradient:
+rhs (G, N, K), `trans_rhs`), 16-bit operands, results in bf16, fp16 or fp32.
+Tiles are mapped to groups on the device from `group_sizes` (a small int32
+table made by XLA right before the launch); ragged rows are stored by a ladder
+of TMA stores, so tokens are never padded. The ragged-K form (the weight
+gradient) and fp32 operands are left to the other backends (NotImplementedError).
+
+On `cuda` the kernels compile through Mosaic GPU (sm_90a); on `cpu` the very
+same kernels run in the Mosaic GPU interpreter (slow: small problems only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgemm import registry
+from jaxgemm.config import KernelConfig, check, int_range, power_of_two
+from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
+
+VARIANTS = ("pipelined", "grouped")
+_SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
+_EPI_TILE_M = 64                    # rows of a `grouped` epilogue piece
+_INTERPRETER_LOCK = threading.Lock()
+_IN_DTYPES = (jnp.bfloat16, jnp.float16)
+_OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+# The smallest problem `structural_win` claims: the probed shapes were 95 and 1926 GFLOP.
+_WIN_MIN_FLOPS = 2 * 4096 * 2048 * 1024
+_KERNEL_MODULE = "jaxgemm.kernels.pallas.ragged_dot.grouped"
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedDotPallasConfig(KernelConfig):
+  """Tiling and scheduling of the Pallas grouped GEMM kernels.
+
+  tile_m, tile_n, tile_k: the CTA's output tile and K step. `grouped` splits
+    tile_m between its two consumer warpgroups (tile_m >= 128).
+  max_concurrent_steps: pipeline stages (SMEM buffers per operand).
+  grid_group: the tile walk: bands of `grid_group` N tiles, each walked along
+    the row tiles (of all groups, in order) in a snake.
+  epi_tile_n: columns per epilogue piece of `grouped`.
+  """
+
+  backend = "pallas"
+
+  tile_m: int = power_of_two(64, 256, default=128)
+  tile_n: int = power_of_two(64, 256, default=128)
+  tile_k: int = power_of_two(64, 128, default=64)
+  max_concurrent_steps: int = int_range(2, 8, default=4)
+  grid_group: int = int_range(1, 64, default=8)
+  epi_tile_n: int = power_of_two(64, 256, default=64)
+
+
+def _mosaic_gpu_error() -> str | None:
+  try:
+    from jax.experimental.pallas import mosaic_gpu  # noqa: F401, PLC0415
+  except Exception as e:  # noqa: BLE001 (ImportError, or a broken plugin)
+    return f"jax.experimental.pallas.mosaic_gpu does not import ({type(e).__name__}: {e})"
+  return None
+
+
+def smem_bytes(problem: RaggedDotProblem, variant: str,
+               config: RaggedDotPallasConfig) -> dict[str, int]:
+  """Shared memory the variant allocates for `config`, by buffer."""
+  tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+  item = np.dtype(problem.dtype).itemsize
+  out_item = np.dtype(problem.out_dtype).itemsize
+  stages = config.max_concurrent_steps
+  parts = {"lhs": stages * tm * tk * item, "rhs": stages * tk * tn * item}
+  if variant == "grouped":
+    # Two staging slots per consumer warpgroup, each (64, epi_tile_n).
+    parts["out"] = 2 * 2 * _EPI_TILE_M * min(config.epi_tile_n, tn) * out_item
+  else:
+    parts["out"] = tm * tn * out_item
+  return parts
+
+
+def _pow2_at_least(x: int, lo: int, hi: int) -> int:
+  p = lo
+  while p < x and p < hi:
+    p *= 2
+  return p
+
+
+def _fit(problem, variant, config: RaggedDotPallasConfig) -> RaggedDotPallasConfig:
+  """`config` with its ring shrunk (to 2 stages at least) until it fits shared memory."""
+  while (sum(smem_bytes(problem, variant, config).values()) > _SMEM_CAPACITY_BYTES
+         and config.max_concurrent_steps > 2):
+    config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
+  return config
+
+
+class PallasRaggedDot(registry.Backend):
+  op = "ragged_dot"
+  name = "pallas"
+  kernel_modules = ("jaxgemm.kernels.pallas.ragged_dot", "jaxgemm.kernels.pallas.common",
+                    "jaxgemm.ops.ragged_dot.schedule")
+  config_cls = RaggedDotPallasConfig
+  variants = VARIANTS
+
+  def unavailable_reason(self) -> str | None:
+    return _mosaic_gpu_error()
+
+  def default_variant(self, problem: RaggedDotProblem) -> str:
+    """`pipelined`: the rung measured on the GPU (H100, jax 0.11.2:
+    research/ragged_dot/pallas_probe.log). `grouped` failed to compile there
+    (a TMA row offset Mosaic GPU could not prove a multiple of 8, fixed since
+    and lowered for sm_90a on the CPU, not yet run on a GPU): name it, or make
+    it the default once the probe has run it."""
+    del problem
+    return "pipelined"
+
+  def structural_win(self, problem: RaggedDotProblem, device_kind: str) -> str | None:
+    """Ragged-M 16-bit GEMMs of at least a few GFLOP on Hopper: XLA runs
+    `lax.ragged_dot` as cuBLAS calls per group plus fusions, at 11 and 100 TFLOP/s
+    on the two MoE shapes probed, where `pipelined` ran 319 and 596 (H100,
+    research/ragged_dot/pallas_probe.log)."""
+    if not any(kind in device_kind for kind in ("H100", "H200")):
+      return None
+    if problem.ragged_contracting or problem.flops < _WIN_MIN_FLOPS:
+      return None
+    if np.dtype(problem.dtype) not in tuple(map(np.dtype, _IN_DTYPES)):
+      return None
+    return f"grouped GEMM of {problem.flops / 1e9:.0f} GFLOP (XLA's ragged_dot: per-group cuBLAS)"
+
+  def check(self, problem: RaggedDotProblem, variant: str, config: KernelConfig) -> None:
+    what = f"backend='pallas' variant={variant!r} of ragged_dot"
+    if variant not in VARIANTS:
+      raise ValueError(f"unknown variant={variant!r} for backend='pallas' of ragged_dot; "
+                       f"valid variants: {list(VARIANTS)}")
+    if problem.ragged_contracting:
+      raise NotImplementedError(
+          f"{what} runs the ragged-M forms only (out (B, M, N), rhs (G, K, N) or "
+          f"(G, N, K)); the ragged-K form (out (G, K, N), the weight gradient) runs on "
+          f"backend='triton' or 'xla'")
+    registry.require_dtypes(problem, what, _IN_DTYPES)
+    if np.dtype(problem.out_dtype) not in tuple(map(np.dtype, _OUT_DTYPES)):
+      raise NotImplementedError(
+          f"{what} writes bfloat16, float16 or float32 results; got "
+          f"out_dtype={np.dtype(problem.out_dtype).name}")
+    if np.dtype(problem.acc_dtype) != np.float32:
+      raise NotImplementedError(f"{what} accumulates in float32; got "
+                                f"acc_dtype={np.dtype(problem.acc_dtype).name}")
+    reason = _mosaic_gpu_error()
+    if reason is not None:
+      raise NotImplementedError(f"backend='pallas' needs Mosaic GPU: {reason}")
+    if jax.config.jax_enable_x64:
+      raise NotImplementedError("backend='pallas' does not run with jax_enable_x64=True; "
+                                "backend='xla' does")
+    if not isinstance(config, RaggedDotPallasConfig):
+      raise TypeError(f"backend='pallas' of ragged_dot takes a RaggedDotPallasConfig, got "
+                      f"{type(config).__name__}")
+    tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+    if variant == "grouped":
+      if tm < 128:
+        raise ValueError(f"variant='grouped' splits tile_m between two consumer warpgroups "
+                         f"of >= 64 rows each: tile_m={tm} must be >= 128")
+      if tn % config.epi_tile_n and config.epi_tile_n < tn:
+        raise ValueError(f"tile_n={tn} must be divisible by epi_tile_n={config.epi_tile_n}")
+    parts = smem_bytes(problem, variant, config)
+    total = sum(parts.values())
+    if total > _SMEM_CAPACITY_BYTES:
+      detail = " + ".join(f"{k}={v}" for k, v in parts.items())
+      raise ValueError(
+          f"{what} with tile_m={tm}, tile_n={tn}, tile_k={tk}, "
+          f"max_concurrent_steps={config.max_concurrent_steps} needs {total} bytes of "
+          f"shared memory ({detail}), more than the {_SMEM_CAPACITY_BYTES} bytes a Hopper "
+          f"CTA can have; lower tile_k, the tiles or max_concurrent_steps")
+
+  def default_config(self, problem: RaggedDotProblem, variant: str) -> RaggedDotPallasConfig:
+    """128x128x64 (pipelined) or 256x128x64 in 4 stages (grouped), clamped to small problems.
+
+    Rows are not clamped below 128 for `grouped` (two 64-row consumers).
+    Tiny problems (the CPU interpreter) get the smallest tiles.
+    """
+    m, n, k = problem.m, problem.n, problem.k
+    if variant == "grouped":
+      tm, tn, tk, stages = 256, 128, 64, 4
+      # Small groups: each group wastes up to a tile of rows; keep tiles short.
+      if m // max(problem.groups, 1) < 512:
+        tm = 128
+      tm = _pow2_at_least(m, 128, tm)
+    else:
+      tm, tn, tk, stages = 128, 128, 64, 4
+      tm = _pow2_at_least(m, 64, tm)
+    tn = _pow2_at_least(n, 64, tn)
+    tk = _pow2_at_least(k, 64, tk)
+    return _fit(problem, variant, RaggedDotPallasConfig(
+        tile_m=tm, tile_n=tn, tile_k=tk, max_concurrent_steps=stages, epi_tile_n=min(64, tn)))
+
+  def tuning_candidates(self, problem: RaggedDotProblem):
+    """Both rungs at their defaults, then `grouped` with the other tile shapes
+    (short tiles waste less on small groups, long ones reuse more) and a wider band."""
+    out = [(v, self.default_config(problem, v)) for v in reversed(VARIANTS)]
+    g = out[0][1]
+    for tm, tn, stages in ((128, 128, 6), (256, 128, 4), (128, 256, 4)):
+      cand = _fit(problem, "grouped", dataclasses.replace(
+          g, tile_m=tm, tile_n=tn, max_concurrent_steps=stages))
+      if all(cand != c for _, c in out):
+        out.append(("grouped", cand))
+    out.append(("grouped", dataclasses.replace(g, grid_group=16)))
+    return out
+
+
+  def impl(self, problem: RaggedDotProblem, variant: str, config: KernelConfig,
+           platform: str):
+    if platform not in ("cuda", "cpu"):
+      raise NotImplementedError(f"backend='pallas' runs on cuda (or the cpu "
+                                f"interpreter), not {platform!r}")
+    interpret = platform == "cpu"
+
+    def pallas_ragged_dot(lhs, rhs, group_sizes):
+      """`group_sizes`: (B, G) sizes or (B, 2, G) row bounds (`schedule.group_bounds`)."""
+      if problem.is_empty:   # nothing to multiply (G, M, N or K is 0): zeros, no launch
+        return jnp.zeros(problem.out_shape, problem.out_dtype)
+      kernels = importlib.import_module(_KERNEL_MODULE)   # needs Mosaic GPU
+      return kernels.ragged_dot(
+          lhs, rhs, group_sizes.astype(jnp.int32), m=problem.m, n=problem.n,
+          trans_rhs=problem.trans_rhs, out_dtype=problem.out_dtype, variant=variant,
+          tile_m=config.tile_m, tile_n=config.tile_n, tile_k=config.tile_k,
+          stages=config.max_concurrent_steps, epi_tile_n=config.epi_tile_n,
+          grid_group=config.grid_group, interpret=interpret)
+
+    if not interpret or problem.is_empty:
+      return pallas_ragged_dot
+    # As for matmul: the interpreter's ordered callbacks cannot run inside an
+    # effect-free primitive's lowering, so the interpreted kernel is compiled on
+    # its own and called from a pure callback.
+    run = jax.jit(pallas_ragged_dot)
+
+    def on_host(lhs, rhs, group_sizes):
+      with _INTERPRETER_LOCK:
+        return np.asarray(run(lhs, rhs, group_sizes))
+
+    def interpreted(lhs, rhs, group_sizes):
+      return jax.pure_callback(
+          on_host, jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype),
+          lhs, rhs, group_sizes)
+
+    return interpreted
+
+
+registry.register(PallasRaggedDot())

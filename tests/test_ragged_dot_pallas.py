@@ -1,0 +1,187 @@
+"""The Pallas Mosaic GPU grouped kernels of `ragged_dot`, called through the backend's `impl`.
+
+CPU: both rungs run in the Mosaic GPU interpreter (slow: tiny problems) with
+group sizes that exercise the slot tables: empty groups, a one-row group,
+groups cutting tiles, rows past sum(group_sizes) (zeros), M not a multiple of
+the tile, rhs transposed, batch 2, against float64 references. NaNs where a
+kernel must not read (an empty group's weights, the rows in no group) must not
+reach the result. Plus the slot tables themselves (plain XLA, fast) and the
+backend's config checks. The op-level contract is tests/test_ragged_dot.py's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
+from jaxgemm.ops.ragged_dot import schedule
+from jaxgemm.ops.ragged_dot.pallas import PallasRaggedDot, RaggedDotPallasConfig
+from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
+
+BACKEND = PallasRaggedDot()
+pytestmark = pytest.mark.skipif(BACKEND.unavailable_reason() is not None,
+                                reason=str(BACKEND.unavailable_reason()))
+
+BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
+# The smallest tiles each rung takes: the interpreter's time grows with tiles x K steps.
+TINY = {"pipelined": RaggedDotPallasConfig(tile_m=64, tile_n=64, tile_k=64,
+                                           max_concurrent_steps=2),
+        "grouped": RaggedDotPallasConfig(tile_m=128, tile_n=64, tile_k=64,
+                                         max_concurrent_steps=2)}
+
+
+def _problem(batch, groups, m, k, n, dtype=BF16, out_dtype=None, *, trans_rhs=False,
+             ragged_contracting=False):
+  return RaggedDotProblem(batch, groups, m, k, n, np.dtype(dtype),
+                          np.dtype(out_dtype or dtype), F32, trans_rhs=trans_rhs,
+                          ragged_contracting=ragged_contracting)
+
+
+def _bounds(sizes, m):
+  ends = np.minimum(np.cumsum(np.maximum(sizes, 0)), m)
+  return np.concatenate([[0], ends[:-1]]), ends
+
+
+def _reference(problem, lhs, rhs, group_sizes):
+  """(out, |lhs| |rhs| bound) in float64; rows in no group are zeros."""
+  a, w = as_f64(lhs), as_f64(rhs)
+  out, bound = np.zeros(problem.out_shape), np.zeros(problem.out_shape)
+  for b in range(problem.batch):
+    for g, (s, e) in enumerate(zip(*_bounds(np.asarray(group_sizes[b]), problem.m))):
+      wg = w[b, g].T if problem.trans_rhs else w[b, g]
+      out[b, s:e] = a[b, s:e] @ wg
+      bound[b, s:e] = np.abs(a[b, s:e]) @ np.abs(wg)
+  return out, bound
+
+
+def _run(problem, sizes, variant, config=None, *, seed=0, nan_outside=True):
+  rng = np.random.default_rng(seed)
+  lhs = random_array(rng, problem.lhs_shape, problem.dtype)
+  rhs = random_array(rng, problem.rhs_shape, problem.dtype)
+  group_sizes = np.asarray(sizes, np.int32).reshape(problem.batch, problem.groups)
+  ref, bound = _reference(problem, lhs, rhs, group_sizes)
+  if nan_outside:   # what no stored row may depend on: empty groups' weights, rows in no group
+    lhs, rhs = np.array(lhs), np.array(rhs)
+    for b in range(problem.batch):
+      used = min(int(np.maximum(group_sizes[b], 0).sum()), problem.m)
+      lhs[b, used:] = np.nan
+      rhs[b, group_sizes[b] <= 0] = np.nan
+  config = config or TINY[variant]
+  BACKEND.check(problem, variant, config)
+  out = jax.jit(BACKEND.impl(problem, variant, config, "cpu"))(
+      jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes))
+  assert out.shape == problem.out_shape and out.dtype == problem.out_dtype
+  assert_gemm_close(out, ref, bound, tolerance(problem.dtype, problem.out_dtype),
+                    f"{variant} {problem.describe()} sizes={np.asarray(sizes).tolist()}")
+
+
+# ----------------------------------------------------------------- the kernels
+
+# (problem, group sizes): M = 200 is no multiple of the 64- or 128-row tiles;
+# [70, 0, 1, 100]: a group cutting a tile, an empty group, a one-row group,
+# 29 rows past the sum (zeros).
+RAGGED = (_problem(1, 4, 200, 64, 64), [70, 0, 1, 100])
+
+
+@pytest.mark.parametrize("variant", ["pipelined", "grouped"])
+def test_ragged_groups(variant):
+  _run(*RAGGED, variant)
+
+
+@pytest.mark.parametrize("variant", ["pipelined", "grouped"])
+def test_trans_rhs(variant):
+  _run(_problem(1, 3, 136, 64, 64, trans_rhs=True), [0, 9, 120], variant)
+
+
+def test_batch_two_with_different_sizes():
+  # Batch 0: sizes summing past M (clamped); batch 1: one group takes every row.
+  _run(_problem(2, 3, 72, 64, 64, F16), [50, 40, 5, 0, 72, 0], "pipelined")
+
+
+def test_unaligned_n_and_k_and_f32_out():
+  # N = 40 and K = 24 are padded to the 128-byte span (weights only); C is sliced.
+  _run(_problem(1, 2, 40, 24, 40, BF16, F32), [17, 20], "pipelined")
+
+
+def test_grouped_batch_two_trans_rhs():
+  _run(_problem(2, 3, 136, 64, 64, trans_rhs=True), [1, 0, 130, 60, 60, 16], "grouped")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["pipelined", "grouped"])
+def test_default_configs_on_a_larger_problem(variant):
+  p = _problem(1, 5, 520, 192, 192, BF16)
+  _run(p, [100, 3, 0, 250, 160], variant, BACKEND.default_config(p, variant))
+
+
+# ----------------------------------------------------------------- slot tables
+
+def _check_table(table, bounds, m, tile_m, align):
+  """Every row in [0, m) is stored by exactly one slot, of its own group (G: no group),
+  within one tile of tile_m rows starting on `align` rows; an empty group has no slot."""
+  table, bounds = np.asarray(table), np.asarray(bounds)
+  groups = bounds.shape[-1]
+  for b in range(table.shape[0]):
+    owner = np.full(m, groups)
+    for g in range(groups):
+      owner[bounds[b, 0, g]:bounds[b, 1, g]] = g
+    covered = np.zeros(m, int)
+    for grp, rs, re in table[b].T:
+      if rs >= re:
+        continue
+      covered[rs:re] += 1
+      assert (owner[rs:re] == grp).all(), (b, grp, rs, re)
+      tile0 = rs - rs % align
+      assert re - tile0 <= tile_m, (b, grp, rs, re)
+    assert (covered == 1).all(), (b, np.nonzero(covered != 1)[0][:10])
+    used = {int(g) for g, rs, re in table[b].T if rs < re}
+    empty = {g for g in range(groups) if bounds[b, 1, g] <= bounds[b, 0, g]}
+    assert not used & empty
+
+
+@pytest.mark.parametrize("tile_m", [64, 128, 256])
+def test_group_row_tiles(tile_m):
+  from jaxgemm.kernels.pallas.ragged_dot import grouped
+  rng = np.random.default_rng(tile_m)
+  m, groups = 1000, 9
+  sizes = np.stack([rng.multinomial(m - 37, rng.dirichlet([0.5] * groups)),
+                    np.zeros(groups, int), [1] * groups, [0, 0, 0, 0, 1000, 0, 0, 0, 5]])
+  bounds = schedule.group_bounds(jnp.asarray(sizes, jnp.int32), m)
+  table = jax.jit(grouped.group_row_tiles, static_argnums=(1, 2))(bounds, m, tile_m)
+  assert table.shape == (4, 3, grouped.group_num_slots(m, groups, tile_m))
+  _check_table(table, bounds, m, tile_m, grouped.ROW_ALIGN)
+  # A sharded call's bounds: rows before the first group too.
+  local = jnp.asarray([[[13, 40, 40], [40, 40, 700]]], jnp.int32)
+  _check_table(grouped.group_row_tiles(local, m, tile_m), local, m, tile_m, grouped.ROW_ALIGN)
+
+
+# ----------------------------------------------------------------- checks
+
+def test_check_refuses_what_the_kernels_do_not_run():
+  cfg = TINY["pipelined"]
+  with pytest.raises(NotImplementedError, match="ragged-K"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64, ragged_contracting=True), "pipelined", cfg)
+  with pytest.raises(NotImplementedError, match="float32"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64, F32), "pipelined", cfg)
+  with pytest.raises(ValueError, match="tile_m=64 must be >= 128"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64), "grouped", cfg)
+  with pytest.raises(ValueError, match="shared memory"):
+    BACKEND.check(_problem(1, 2, 4096, 4096, 4096), "grouped",
+                  RaggedDotPallasConfig(tile_m=256, tile_n=256, tile_k=128,
+                                        max_concurrent_steps=4))
+  with pytest.raises(ValueError, match="power of two"):
+    RaggedDotPallasConfig(tile_m=96)
+  with pytest.raises(ValueError, match="unknown variant"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64), "nope", cfg)
+
+
+def test_default_configs_pass_their_checks():
+  for p in (_problem(1, 8, 16384, 4096, 14336), _problem(1, 64, 16384, 2048, 1408),
+            _problem(1, 3, 40, 24, 40, BF16, F32), _problem(2, 4, 200, 64, 64, trans_rhs=True)):
+    for variant in BACKEND.variants:
+      BACKEND.check(p, variant, BACKEND.default_config(p, variant))
+    for variant, cfg in BACKEND.tuning_candidates(p):
+      BACKEND.check(p, variant, cfg)
