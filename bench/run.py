@@ -204,6 +204,11 @@ def main(argv) -> int:
     if unknown:
       raise SystemExit(f"unknown variant(s) {unknown}; variants of {backends}: {sorted(known)}")
 
+  if on_gpu and not args.time_budget and all(s in P.MOE_SUITES for s, _ in suites):
+    from . import moe  # noqa: PLC0415
+    args.time_budget = moe.GPU_TIME_BUDGET_S
+    print(f"time budget: {args.time_budget:g} s (the moe suites' default on a GPU, to fit a "
+          "10-minute command; --time-budget to change)")
   if on_gpu:
     runner.setup_triton_cache()
   prov = csvio.provenance()

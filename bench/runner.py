@@ -159,6 +159,10 @@ class Measured:
 
   op = "matmul"
   arity = 2                     # operands per call (one input set)
+  # Where XLA's reference takes longer than this (ms a call), kernels are timed alone
+  # and compared with its median at the problem's start: pairing would cost `iters`
+  # more reference calls per kernel (None: always paired).
+  pair_max_ref_ms: float | None = None
 
   def ref_variant(self, bp) -> str:
     """The reference row's variant: XLA's own op."""
@@ -170,6 +174,10 @@ class Measured:
 
   def ref_fn(self, bp, dtype_name: str) -> Callable:
     return ref_fn(bp, dtype_name)
+
+  def kernel_fn(self, bp, dtype_name: str, backend: str, variant: str) -> Callable:
+    """jaxgemm's (backend, variant) on the problem, through the op's public API."""
+    return kernel_fn(bp, dtype_name, backend, variant)
 
   def inputs(self, bp, dtype_name: str, n_rot: int, seed: int) -> list:
     """`arity` operands per input set, `n_rot` sets, flat."""
@@ -184,7 +192,7 @@ class Measured:
     return slow_key(self.op, backend, variant)
 
   def before_kernels(self, ctx: "Context", bp, dtype_name: str, bufs, refs, ref_compiled,
-                     n_rot: int) -> tuple[list[dict], Callable | None]:
+                     n_rot: int, solo_ref_ms=None) -> tuple[list[dict], Callable | None]:
     """Rows measured after the reference and before the kernels (the moe suite's jax
     example kernel), and a function that completes each kernel row (or None)."""
     return [], None
@@ -409,11 +417,14 @@ def choose_kernels(bp: P.BenchProblem, backends: list[str], variants_policy,
 
 
 def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]],
-                make_fn: Callable = kernel_fn, ops: Measured = GEMM) -> list[dict]:
+                make_fn: Callable | None = None, ops: Measured = GEMM) -> list[dict]:
   """XLA's own op (dot) and every kernel on one problem; returns (and emits) the rows.
 
-  ops: what is measured (`GEMM`: matmul's problems; `moe.RAGGED_DOT`: ragged_dot's).
+  ops: what is measured (`GEMM`: matmul's problems; `moe.RAGGED_DOT`: ragged_dot's);
+  make_fn: (problem, dtype name, backend, variant) -> the kernel's function
+  (default `ops.kernel_fn`).
   """
+  make_fn = make_fn or ops.kernel_fn
   dtype_name = bp.dtype or ctx.dtype_name
   rows = []
 
@@ -456,13 +467,16 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
                    timer=ctx.timer.label, error=0.0,
                    **_metrics(ctx, bp, dtype_name, stats, stats["median_ms"]))
     ref_compiled = compiled
+    solo = (stats["median_ms"] if ops.pair_max_ref_ms is not None
+            and stats["median_ms"] > ops.pair_max_ref_ms else None)
   except Exception as e:  # noqa: BLE001 (record and go on)
     ref_row.update(status=STATUS_ERROR, note=short_error(e))
     emit(ref_row)
     ctx.log(f"  {bp.name}: XLA reference failed: {short_error(e)}")
     return rows
   emit(ref_row)
-  extra, finish = ops.before_kernels(ctx, bp, dtype_name, bufs, refs, ref_compiled, n_rot)
+  extra, finish = ops.before_kernels(ctx, bp, dtype_name, bufs, refs, ref_compiled, n_rot,
+                                     solo)
   for row in extra:
     emit(row)
 
@@ -493,7 +507,7 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     else:
       with Watchdog(ctx, row, f"{backend}/{variant} on {bp.name}"):
         _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled, key,
-                    ops.arity)
+                    ops.arity, solo)
     if finish is not None:
       finish(row)
     emit(row)
@@ -502,11 +516,13 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
 
 
 def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled,
-                key, arity=2):
+                key, arity=2, solo_ref_ms=None):
   """Compile, run, check against XLA, then time one kernel (paired with XLA's
   dot, `ref_compiled`); fills `row`.
 
   key: the (backend, variant) whose interpreted speed on a CPU this call measures.
+  solo_ref_ms: time the kernel alone, and compare it with this (the reference's
+  median at the problem's start) instead of pairing.
   """
   backend, variant = row["backend"], row["variant"]
   tol = TOLERANCE[dtype_name]
@@ -542,6 +558,14 @@ def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, r
       row.update(status=STATUS_SKIPPED,
                  note=f"correct, but not timed: one interpreted call took "
                       f"{f_s:.1f} s (CPU budget {budget:g} s per call)")
+      return
+    if solo_ref_ms is not None:   # a reference too slow to pair (`Measured.pair_max_ref_ms`)
+      stats = summarize([t / n_rot for t in ctx.timer.time(compiled, bufs, ctx.iters)])
+      row.update(status=STATUS_OK, timer=ctx.timer.label,
+                 **_metrics(ctx, bp, dtype_name, stats, solo_ref_ms))
+      row["note"] = "; ".join(filter(None, [row.get("note"), (
+          f"timed alone: XLA's reference takes {solo_ref_ms:.3g} ms a call, compared with "
+          "its median at the problem's start")]))
       return
     kernel_ms, ref_ms = time_paired(ctx.timer, compiled, ref_compiled, bufs, ctx.iters)
     stats = summarize([t / n_rot for t in kernel_ms])
@@ -671,7 +695,7 @@ class Progress:
 
 
 def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backends: list[str],
-                   variants_policy, make_fn: Callable = kernel_fn,
+                   variants_policy, make_fn: Callable | None = None,
                    ops: Measured = GEMM) -> list[dict]:
   """Every problem of a suite (`ops`: of matmul, or another op's `Measured`)."""
   bar = Progress(len(probs), suite)

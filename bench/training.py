@@ -521,6 +521,12 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
       emit(r)
       bar.update(f"{backend}/{variant}")
       continue
+    if ctx.out_of_time():
+      r.update(status=STATUS_SKIPPED, note=f"not run: --time-budget {ctx.time_budget_s:g} s spent")
+      emit(r)
+      bar.write(f"    {backend + '/' + variant:<28} SKIPPED: {r['note']}")
+      bar.update(f"{backend}/{variant}")
+      continue
     try:
       with Watchdog(ctx, r, f"training on {backend}/{variant}", factor=TIMEOUT_FACTOR):
         losses, grads0, stats, info = train_one(
