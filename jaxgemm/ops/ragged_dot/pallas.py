@@ -1,20 +1,25 @@
 """The `pallas` backend of `ragged_dot`: grouped GEMMs in Pallas Mosaic GPU.
 
-Kernels live in `jaxgemm.kernels.pallas.ragged_dot.grouped`, two rungs:
+Kernels live in `jaxgemm.kernels.pallas.ragged_dot`, two rungs:
 
-1. `pipelined`: persistent, one warpgroup, a `plgpu.emit_pipeline` over K per
-   (row tile, N tile); row tiles aligned to tile_m, a tile cut by a group
-   boundary run once per group (`schedule.row_tiles`).
-2. `grouped`: persistent, a producer warpgroup feeding two consumer warpgroups
-   through one SMEM ring across all of a CTA's tiles; row tiles start at each
-   group's first row, so a group wastes at most one partial tile.
+1. `pipelined` (`grouped.py`): persistent, one warpgroup, a
+   `plgpu.emit_pipeline` over K per (row tile, N tile); row tiles aligned to
+   tile_m, a tile cut by a group boundary run once per group
+   (`schedule.row_tiles`). Ragged-M only. Measured on the GPU (H100).
+2. `grouped`: persistent, a producer warpgroup feeding two consumer
+   warpgroups through one SMEM ring across all of a CTA's tiles. Ragged-M
+   (`grouped.py`): row tiles start at each group's first row, so a group wastes
+   at most one partial tile. Ragged-K (`ragged_k.py`, the weight gradient):
+   out (K, N) tiles contracted over each group's row chunks, the chunks at a
+   group's edges masked in SMEM. Lowered for sm_90a on the CPU and run in the
+   interpreter; not yet run on a GPU.
 
-Both take the ragged-M forms (forward: rhs (G, K, N); the data gradient:
-rhs (G, N, K), `trans_rhs`), 16-bit operands, results in bf16, fp16 or fp32.
-Tiles are mapped to groups on the device from `group_sizes` (a small int32
-table made by XLA right before the launch); ragged rows are stored by a ladder
-of TMA stores, so tokens are never padded. The ragged-K form (the weight
-gradient) and fp32 operands are left to the other backends (NotImplementedError).
+Ragged-M takes both rhs layouts (forward rhs (G, K, N); data gradient rhs
+(G, N, K), `trans_rhs`); 16-bit operands, results in bf16, fp16 or fp32. Tiles
+are mapped to groups on the device from the group bounds (small int32 tables
+made by XLA right before the launch, or read in-kernel); ragged rows are
+stored by a ladder of TMA stores, so tokens are never padded. fp32 operands
+raise NotImplementedError (other backends take them).
 
 On `cuda` the kernels compile through Mosaic GPU (sm_90a); on `cpu` the very
 same kernels run in the Mosaic GPU interpreter (slow: small problems only).
@@ -43,6 +48,7 @@ _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 # The smallest problem `structural_win` claims: the probed shapes were 95 and 1926 GFLOP.
 _WIN_MIN_FLOPS = 2 * 4096 * 2048 * 1024
 _KERNEL_MODULE = "jaxgemm.kernels.pallas.ragged_dot.grouped"
+_RAGGED_K_MODULE = "jaxgemm.kernels.pallas.ragged_dot.ragged_k"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +129,7 @@ class PallasRaggedDot(registry.Backend):
     (a TMA row offset Mosaic GPU could not prove a multiple of 8, fixed since
     and lowered for sm_90a on the CPU, not yet run on a GPU): name it, or make
     it the default once the probe has run it."""
-    del problem
-    return "pipelined"
+    return "grouped" if problem.ragged_contracting else "pipelined"
 
   def structural_win(self, problem: RaggedDotProblem, device_kind: str) -> str | None:
     """Ragged-M 16-bit GEMMs of at least a few GFLOP on Hopper: XLA runs
@@ -144,11 +149,10 @@ class PallasRaggedDot(registry.Backend):
     if variant not in VARIANTS:
       raise ValueError(f"unknown variant={variant!r} for backend='pallas' of ragged_dot; "
                        f"valid variants: {list(VARIANTS)}")
-    if problem.ragged_contracting:
+    if problem.ragged_contracting and variant != "grouped":
       raise NotImplementedError(
-          f"{what} runs the ragged-M forms only (out (B, M, N), rhs (G, K, N) or "
-          f"(G, N, K)); the ragged-K form (out (G, K, N), the weight gradient) runs on "
-          f"backend='triton' or 'xla'")
+          f"{what} runs the ragged-M forms only (out (B, M, N)); the ragged-K form "
+          f"(out (G, K, N), the weight gradient) runs on variant='grouped'")
     registry.require_dtypes(problem, what, _IN_DTYPES)
     if np.dtype(problem.out_dtype) not in tuple(map(np.dtype, _OUT_DTYPES)):
       raise NotImplementedError(
@@ -190,10 +194,12 @@ class PallasRaggedDot(registry.Backend):
     Tiny problems (the CPU interpreter) get the smallest tiles.
     """
     m, n, k = problem.m, problem.n, problem.k
+    if problem.ragged_contracting:   # out (K, N) tiles, contracted over row chunks
+      m, k = k, m
     if variant == "grouped":
       tm, tn, tk, stages = 256, 128, 64, 4
       # Small groups: each group wastes up to a tile of rows; keep tiles short.
-      if m // max(problem.groups, 1) < 512:
+      if m // max(problem.groups, 1) < 512 and not problem.ragged_contracting:
         tm = 128
       tm = _pow2_at_least(m, 128, tm)
     else:
@@ -207,7 +213,8 @@ class PallasRaggedDot(registry.Backend):
   def tuning_candidates(self, problem: RaggedDotProblem):
     """Both rungs at their defaults, then `grouped` with the other tile shapes
     (short tiles waste less on small groups, long ones reuse more) and a wider band."""
-    out = [(v, self.default_config(problem, v)) for v in reversed(VARIANTS)]
+    rungs = ("grouped",) if problem.ragged_contracting else tuple(reversed(VARIANTS))
+    out = [(v, self.default_config(problem, v)) for v in rungs]
     g = out[0][1]
     for tm, tn, stages in ((128, 128, 6), (256, 128, 4), (128, 256, 4)):
       cand = _fit(problem, "grouped", dataclasses.replace(
@@ -229,6 +236,13 @@ class PallasRaggedDot(registry.Backend):
       """`group_sizes`: (B, G) sizes or (B, 2, G) row bounds (`schedule.group_bounds`)."""
       if problem.is_empty:   # nothing to multiply (G, M, N or K is 0): zeros, no launch
         return jnp.zeros(problem.out_shape, problem.out_dtype)
+      if problem.ragged_contracting:
+        ragged_k = importlib.import_module(_RAGGED_K_MODULE)   # needs Mosaic GPU
+        return ragged_k.ragged_dot_k(
+            lhs, rhs, group_sizes.astype(jnp.int32), m=problem.m, k=problem.k, n=problem.n,
+            out_dtype=problem.out_dtype, tile_m=config.tile_m, tile_n=config.tile_n,
+            tile_k=config.tile_k, stages=config.max_concurrent_steps,
+            epi_tile_n=config.epi_tile_n, grid_group=config.grid_group, interpret=interpret)
       kernels = importlib.import_module(_KERNEL_MODULE)   # needs Mosaic GPU
       return kernels.ragged_dot(
           lhs, rhs, group_sizes.astype(jnp.int32), m=problem.m, n=problem.n,
