@@ -238,7 +238,9 @@ def run_example(ctx, mp, dtype_name, bufs, refs, ref_compiled, n_rot, solo_ref_m
         best = r
     else:
       tried.append(f"{_config_label(c)} {r['status']}: {r.get('note', '')[:160]}")
-  summary = f"best of {len(configs)} configs: " + "; ".join(tried)
+  summary = f"best of {len(configs)} configs: " + "; ".join(tried) + (
+      f" (each timed alone: XLA's reference takes {solo_ref_ms:.3g} ms a call)"
+      if solo_ref_ms is not None else "")
   if best is None:
     row.update(status=R.STATUS_ERROR, note=summary)
     return row

@@ -442,3 +442,34 @@ def test_a_slow_reference_is_not_paired():
   ref, _, kernel = rows
   assert kernel["status"] == "ok" and "timed alone" in kernel["note"]
   assert kernel["xla_time_ms"] == ref["time_ms_median"]
+
+
+def test_example_sweep_keeps_the_fastest_correct_config(monkeypatch):
+  """On a GPU (faked here: the example's kernel replaced), each config of the sweep is
+  checked and timed; the fastest correct one is the row, the others in its note, and
+  every kernel row gets its ratio to it."""
+  mp = next(p for p in TINY if p.name == "g4.m64.k64.n128")
+  configs = moe.example_configs(mp)
+  assert len(configs) >= 3
+
+  def fake_example(config):
+    if config == configs[0]:
+      return lambda l, r, g: lax.ragged_dot(l, r, g) * 1.5       # wrong
+    if config == configs[1]:
+      raise ValueError("Mosaic GPU kernel exceeds available shared memory")
+    return lambda l, r, g: lax.ragged_dot(l, r, g)
+
+  monkeypatch.setattr(moe, "example_fn", fake_example)
+  rows = []
+  ctx = _ctx(rows, max_rotate=1)
+  ctx.platform = "gpu"
+  runner.run_problem(ctx, mp, [("xla", "ragged_dot_general", "")], ops=moe.RAGGED_DOT)
+  by = {r["backend"]: r for r in rows}
+  ex = by[moe.EXAMPLE]
+  assert ex["status"] == "ok" and ex["note"].startswith(f"best of {len(configs)} configs: ")
+  assert "fail" in ex["note"] and "shared memory" in ex["note"]
+  assert moe.json.loads(ex["config"])["block_m"] in {c[0] for c in configs[2:]}
+  kernel = by["xla"]
+  assert kernel["example_time_ms"] == ex["time_ms_median"]
+  assert kernel["speedup_vs_example"] == pytest.approx(
+      ex["time_ms_median"] / kernel["time_ms_median"])

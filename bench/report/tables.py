@@ -128,8 +128,10 @@ def _default_suites(run: Run) -> tuple[list[str], bool]:
   target = [s for s in run.suites if _base_suite(s) in TARGET_SUITES]
   if target:
     return target, True
-  return [s for s in run.suites if any(r["backend"] == AUTO for r in run.gemm
-                                       if r["suite"] == s)], False
+  ran = [s for s in run.suites if any(r["backend"] == AUTO for r in run.gemm
+                                      if r["suite"] == s)]
+  # matmul's suites where the run has some (a CPU run's tiny), else the grouped GEMM's
+  return [s for s in ran if not run.is_moe(s)] or ran, False
 
 
 def _met(ok: bool) -> str:
