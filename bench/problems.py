@@ -415,13 +415,23 @@ MOE_TINY_LAYERS = (
 
 
 def _moe(suite, layers, tiny=False):
+  """Every layer's forward GEMM first, then the backward ones: a run stopped by its time
+  budget has measured every forward problem."""
   out = []
-  for row in layers:
-    if tiny:
-      layer, g, m, k, n, backward, default, quick, ladder, sizes, note = row
-    else:
-      (layer, g, m, k, n, backward, default, quick, ladder, note), sizes = row, None
-    for mode in (MoeProblem.MODES if backward else ("fwd",)):
+  for modes in (("fwd",), ("dgrad", "wgrad")):
+    for row in layers:
+      out += _moe_layer(suite, row, tiny, modes)
+  return out
+
+
+def _moe_layer(suite, row, tiny, modes):
+  out = []
+  if tiny:
+    layer, g, m, k, n, backward, default, quick, ladder, sizes, note = row
+  else:
+    (layer, g, m, k, n, backward, default, quick, ladder, note), sizes = row, None
+  for mode in modes:
+    if mode == "fwd" or backward:
       out.append(MoeProblem(suite, layer if mode == "fwd" else f"{layer}.{mode}", layer, g,
                             m, k, n, mode=mode, group_sizes=sizes, default=default,
                             quick=quick and mode == "fwd", ladder=ladder and mode == "fwd",

@@ -178,7 +178,8 @@ def main(argv) -> int:
   # Each suite runs the backends of its op (matmul's, or ragged_dot's for the moe suites);
   # a named backend that has no kernels for a suite's op gets `unsupported` rows there.
   ops = list(dict.fromkeys(P.SUITE_OP[s] for s, _ in suites)) or ["matmul"]
-  registered = list(dict.fromkeys(b for op in ops for b in jaxgemm.backends(op)))
+  registered = list(dict.fromkeys(b for op in (*ops, *jaxgemm.registry.ops())
+                                  for b in jaxgemm.backends(op)))
   if args.backends:
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in (runner.AUTO, *registered)]
@@ -194,7 +195,8 @@ def main(argv) -> int:
     return [runner.AUTO, *jaxgemm.backends(P.SUITE_OP[suite])]
 
   def variants_of(b: str) -> list[str]:
-    return [v for op in ops if b in jaxgemm.backends(op) for v in jaxgemm.variants(b, op)]
+    return [v for op in jaxgemm.registry.ops() if b in jaxgemm.backends(op)
+            for v in jaxgemm.variants(b, op)]
 
   variants = args.variants
   if variants not in ("ladder", "best", "all"):
