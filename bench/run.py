@@ -285,13 +285,15 @@ def main(argv) -> int:
       elif suite in P.MOE_SUITES:
         from . import moe  # noqa: PLC0415
         from . import training as T  # noqa: PLC0415
-        cfg = None
-        if args.training_steps or args.quick:
-          import dataclasses  # noqa: PLC0415
-          base = T.moe_model(on_gpu, args.quick)
-          cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
+        import dataclasses  # noqa: PLC0415
+        base = T.moe_model(on_gpu, args.quick)
+        cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
+        # --only names problems; the MoE step runs unless it names others only
+        # ('*.wgrad': no step; 'moe.*': the step alone).
+        only = [g.strip() for g in args.only.split(",") if g.strip()]
         moe.run_moe_suite(ctx, suite, probs, backends_of(suite), variants, training_cfg=cfg,
-                          quick=args.quick)
+                          quick=args.quick, training=not only or any(
+                              fnmatch.fnmatch(cfg.name, g) for g in only))
       else:
         runner.run_gemm_suite(ctx, suite, probs, backends_of(suite), variants)
       print(f"== suite {suite} done in {time.perf_counter() - t0:.1f} s")
