@@ -11,6 +11,8 @@ backend's config checks. The op-level contract is tests/test_ragged_dot.py's.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,7 +32,7 @@ BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float
 TINY = {"pipelined": RaggedDotPallasConfig(tile_m=64, tile_n=64, tile_k=64,
                                            max_concurrent_steps=2),
         "grouped": RaggedDotPallasConfig(tile_m=128, tile_n=64, tile_k=64,
-                                         max_concurrent_steps=2)}
+                                         max_concurrent_steps=2, group_aligned=True)}
 
 
 def _problem(batch, groups, m, k, n, dtype=BF16, out_dtype=None, *, trans_rhs=False,
@@ -94,9 +96,14 @@ def _run(problem, sizes, variant, config=None, *, seed=0, nan_outside=True):
 RAGGED = (_problem(1, 4, 200, 64, 64), [70, 0, 1, 100])
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "grouped"])
-def test_ragged_groups(variant):
-  _run(*RAGGED, variant)
+@pytest.mark.parametrize("variant,group_aligned", [("pipelined", False), ("pipelined", True),
+                                                   ("grouped", True),
+                                                   pytest.param("grouped", False,
+                                                                marks=pytest.mark.slow)])
+def test_ragged_groups(variant, group_aligned):
+  """Both slot tables on both rungs (tile-aligned: `schedule.row_tiles`)."""
+  _run(*RAGGED, variant,
+       dataclasses.replace(TINY[variant], group_aligned=group_aligned))
 
 
 @pytest.mark.parametrize("variant", ["pipelined", "grouped"])
@@ -216,6 +223,7 @@ def test_default_configs_pass_their_checks():
 # ----------------------------------------------------------------- sm_90a lowering
 
 @pytest.mark.parametrize("variant,mode", [("pipelined", "N"), ("pipelined", "T"),
+                                          ("pipelined", "N-group-aligned"),
                                           ("grouped", "N"), ("grouped", "T"),
                                           ("grouped", "K")])
 def test_lowers_for_the_gpu(variant, mode):
@@ -225,6 +233,8 @@ def test_lowers_for_the_gpu(variant, mode):
   tiling) shows in CI. Lowering is not compiling: PTX and ptxas still need the GPU."""
   p = _problem(1, 5, 1000, 320, 200, trans_rhs=mode == "T", ragged_contracting=mode == "K")
   config = BACKEND.default_config(p, variant)
+  if mode.endswith("group-aligned"):
+    config = dataclasses.replace(config, group_aligned=True)
   BACKEND.check(p, variant, config)
   f = BACKEND.impl(p, variant, config, "cuda")
   args = (jax.ShapeDtypeStruct(p.lhs_shape, p.dtype), jax.ShapeDtypeStruct(p.rhs_shape, p.dtype),

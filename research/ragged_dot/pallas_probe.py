@@ -3,13 +3,18 @@ lax.ragged_dot, and CUPTI timing of the forward on the issue-26 MoE shapes
 against lax.ragged_dot and jax's example kernel (ragged_dot_mgpu).
 
 Run from the repository root: `python3 research/ragged_dot/pallas_probe.py SECTION`
-with SECTION one of check-pipelined, check-grouped, time-g8, time-g64, op.
-Its log, pallas_probe.log beside it, came from (H100 machine, jax 0.11.2; the
-links stand in for the editable install's package-dir mapping):
+with SECTION one of check-pipelined, check-grouped (ragged-M and ragged-K),
+time-g8, time-g64 (the forward), time-g8-dgrad, time-g64-wgrad, ... (the
+backward GEMMs), op (through jaxgemm.ragged_dot, value and both gradients).
+Its log, pallas_probe.log beside it, came from this (H100 machine, jax 0.11.2;
+the links stand in for the editable install's package-dir mapping), with the
+sections of that day (check-pipelined:90 check-grouped:110 time-g64:130
+time-g8:150 op:60):
 
   ln -sfn ../kernels jaxgemm/kernels; ln -sfn ../bench jaxgemm/bench;
   export PYTHONPATH=$PWD PYTHONUNBUFFERED=1; nvidia-smi -L; set -o pipefail;
-  (for s in check-pipelined:90 check-grouped:110 time-g64:130 time-g8:150 op:60; do
+  (for s in check-pipelined:70 check-grouped:120 time-g64:90 time-g8:110 \
+            time-g64-wgrad:70 time-g8-wgrad:70 op:40; do
      timeout ${s#*:} python3 research/ragged_dot/pallas_probe.py ${s%%:*} || echo "[${s%%:*} rc=$?]";
    done) 2>&1 | grep -v "^WARNING\|^I0000\|^W0000" | tee $OUT/pallas_probe.log
 
@@ -20,7 +25,7 @@ Mosaic GPU cannot prove a multiple of the row tiling; `(rs // 8) * 8` lowers.
 The N = 200 case failed for both rungs (C's width not a multiple of 64); C is
 now computed 64-wide and sliced there. Neither fix has run on a GPU yet.
 """
-import sys, pathlib, time, functools
+import dataclasses, sys, pathlib, time, functools
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 import numpy as np
 import jax, jax.numpy as jnp
@@ -39,8 +44,9 @@ T0 = time.time()
 print("jax", jax.__version__, jax.devices(), flush=True)
 
 
-def prob(b, g, m, k, n, dt=jnp.bfloat16, out=None, trans=False):
-  return RaggedDotProblem(b, g, m, k, n, np.dtype(dt), np.dtype(out or dt), F32, trans_rhs=trans)
+def prob(b, g, m, k, n, dt=jnp.bfloat16, out=None, trans=False, rk=False):
+  return RaggedDotProblem(b, g, m, k, n, np.dtype(dt), np.dtype(out or dt), F32, trans_rhs=trans,
+                          ragged_contracting=rk)
 
 
 def operands(p, seed=0):
@@ -52,12 +58,17 @@ def operands(p, seed=0):
 
 def reference(p, lhs, rhs, gs):
   outs = []
+  hi = lax.Precision.HIGHEST
   for b in range(p.batch):
-    r = rhs[b].astype(jnp.float32)
+    l, r = lhs[b].astype(jnp.float32), rhs[b].astype(jnp.float32)
+    if p.ragged_contracting:   # out[g] = l[rows g]^T r[rows g]: the vjp of ragged_dot wrt rhs
+      w0 = jnp.zeros((p.groups, p.k, p.n), jnp.float32)
+      _, vjp = jax.vjp(lambda w: lax.ragged_dot(l, w, gs[b], precision=hi), w0)
+      outs.append(vjp(r)[0])
+      continue
     if p.trans_rhs:
       r = jnp.swapaxes(r, 1, 2)
-    outs.append(lax.ragged_dot(lhs[b].astype(jnp.float32), r, gs[b],
-                               precision=lax.Precision.HIGHEST))
+    outs.append(lax.ragged_dot(l, r, gs[b], precision=hi))
   return jnp.stack(outs)
 
 
@@ -85,6 +96,7 @@ def dirichlet_sizes(m, g, seed=0, batch=1):
 
 def check(variant):
   print(f"== correctness: {variant} vs lax.ragged_dot (f32 HIGHEST) ==", flush=True)
+  C = P.RaggedDotPallasConfig
   cases = [
       (prob(1, 4, 1000, 256, 384), [[300, 0, 1, 500]]),                 # empty, 1 row, tail
       (prob(1, 4, 1000, 256, 384, trans=True), [[300, 0, 1, 500]]),
@@ -92,14 +104,26 @@ def check(variant):
       (prob(1, 8, 4096, 1024, 512, out=jnp.float32), None),
       (prob(1, 8, 4096, 1024, 512, trans=True), None),
       (prob(1, 16, 2048, 768, 1408), None),
+      (prob(1, 4, 1000, 256, 384, rk=True), [[300, 0, 1, 500]]),
+      (prob(2, 5, 777, 320, 200, jnp.float16, out=jnp.float32, rk=True),
+       [[100, 250, 0, 7, 420], [0, 0, 777, 0, 0]]),
+      (prob(1, 16, 2048, 768, 1408, rk=True), None),
   ]
-  for p, gs in cases[:1] if DRY else cases:
+  for p, gs in [cases[0], cases[6]] if DRY else cases:
+    if p.ragged_contracting and variant != "grouped":
+      continue
     lhs, rhs = operands(p)
     gs = dirichlet_sizes(p.m, p.groups, batch=p.batch) if gs is None else jnp.asarray(gs, jnp.int32)
     ref = reference(p, lhs, rhs, gs)
-    cfgs = [BE.default_config(p, variant)]
+    d = BE.default_config(p, variant)
+    cfgs = [d, dataclasses.replace(d, group_aligned=not d.group_aligned)]
     if variant == "grouped":
-      cfgs.append(P.RaggedDotPallasConfig(tile_m=256, tile_n=128, tile_k=64, max_concurrent_steps=4))
+      cfgs.append(P._fit(p, "grouped", C(tile_m=256, tile_n=128, tile_k=64, max_concurrent_steps=4,
+                                         group_aligned=True)))
+      cfgs.append(P._fit(p, "grouped", C(tile_m=128, tile_n=256, tile_k=64, max_concurrent_steps=4,
+                                         group_aligned=True)))
+    if p.ragged_contracting:
+      cfgs = cfgs[:1] + cfgs[2:]
     for cfg in cfgs:
       try:
         BE.check(p, variant, cfg)
@@ -109,13 +133,20 @@ def check(variant):
         e, r = relerr(out, ref), row_err(out, ref)
         ok = e < 1e-2 and r < 0.1
         print(f"{'OK ' if ok else 'BAD'} {variant} {p.describe()} gs={np.asarray(gs).tolist() if p.groups <= 5 else '...'} "
-              f"tiles={cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k}/{cfg.max_concurrent_steps} "
-              f"relerr={e:.2e} rowerr={r:.2e} ({time.time() - t:.1f}s)", flush=True)
+              f"{cfg_name(cfg)} relerr={e:.2e} rowerr={r:.2e} ({time.time() - t:.1f}s)", flush=True)
         if not ok:
-          d = np.abs(np.asarray(out, np.float64) - np.asarray(ref, np.float64)).max(-1)
-          print("   bad rows:", np.nonzero(d[0] > 0.1 * np.abs(np.asarray(ref)).mean())[0][:40].tolist(), flush=True)
+          dd = np.abs(np.asarray(out, np.float64) - np.asarray(ref, np.float64))
+          if p.ragged_contracting:
+            print("   per-group max err:", dd[0].max(axis=(1, 2)).tolist(), flush=True)
+          else:
+            print("   bad rows:", np.nonzero(dd[0].max(-1) > 0.1 * np.abs(np.asarray(ref)).mean())[0][:40].tolist(), flush=True)
       except Exception as ex:
-        print(f"ERR {variant} {p.describe()}: {type(ex).__name__}: {str(ex)[:2000]}", flush=True)
+        print(f"ERR {variant} {p.describe()} {cfg_name(cfg)}: {type(ex).__name__}: {str(ex)[:2000]}", flush=True)
+
+
+def cfg_name(cfg):
+  return (f"{cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k}/{cfg.max_concurrent_steps} gg={cfg.grid_group} "
+          f"epi={cfg.epi_tile_n} {'group-aligned' if cfg.group_aligned else 'tile-aligned'}")
 
 
 TIMER = Timer("gpu")
@@ -128,10 +159,12 @@ def timeit(f, *args):
   return float(np.median(ts))
 
 
-def time_problem(name, g, m, k, n):
-  p = prob(1, g, m, k, n)
+def time_problem(name, g, m, k, n, mode="fwd"):
+  """mode: fwd (rhs (G, K, N)), dgrad (rhs (G, N, K)) or wgrad (ragged-K, out (G, K, N))."""
+  p = prob(1, g, m, k, n, trans=mode == "dgrad", rk=mode == "wgrad")
   lhs, rhs = operands(p, 1)
   gs = dirichlet_sizes(m, g, seed=1)
+  name = f"{name}-{mode}"
   print(f"== {name}: {p.describe()} sizes min/max {int(gs.min())}/{int(gs.max())} ==", flush=True)
   ref = None
   tf = lambda ms: p.flops / (ms * 1e-3) / 1e12
@@ -142,44 +175,57 @@ def time_problem(name, g, m, k, n):
       ms = timeit(f, *args)
       out = jax.jit(f)(*args)
       e = relerr(out.reshape(ref.shape), ref) if ref is not None else 0.0
-      print(f"{name} {label:48s} {ms * 1e3:9.1f} us {tf(ms):7.1f} TFLOP/s relerr={e:.1e}", flush=True)
+      print(f"{name} {label:56s} {ms * 1e3:9.1f} us {tf(ms):7.1f} TFLOP/s relerr={e:.1e}", flush=True)
       return out
     except Exception as ex:
-      print(f"{name} {label:48s} ERR {type(ex).__name__}: {str(ex)[:600]}", flush=True)
+      print(f"{name} {label:56s} ERR {type(ex).__name__}: {str(ex)[:600]}", flush=True)
 
-  try:
-    dense = jax.jit(lambda a, b: a @ b)
-    a2, b2 = lhs[0], rhs[0, 0]
-    print(f"{name} {'(dense XLA GEMM, same FLOPs)':48s} {tf(timeit(dense, a2, b2)):7.1f} TFLOP/s", flush=True)
-  except Exception as ex:
-    print("dense ERR", ex, flush=True)
-  xla = lambda l, r, s: lax.ragged_dot(l[0], r[0], s[0], preferred_element_type=jnp.bfloat16)
-  ref = report("xla lax.ragged_dot", xla, lhs, rhs, gs)
-  ref = None if ref is None else ref.reshape(1, m, n)
-  from jaxgemm.kernels.pallas.ragged_dot import grouped as K
-  tbl = lambda s: K.group_row_tiles(K.schedule.group_bounds(s, m), m, 128)
-  try:
-    print(f"{name} {'(slot table alone)':48s} {timeit(tbl, gs) * 1e3:9.1f} us", flush=True)
-  except Exception as ex:
-    print("table ERR", ex, flush=True)
-  try:
-    from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu as J
-    for bm, bn, bk, st, gbn in [(128, 128, 64, 4, 8), (128, 128, 64, 4, 1), (192, 128, 64, 4, 4)]:
-      f = functools.partial(J.ragged_dot, block_m=bm, block_n=bn, block_k=bk,
-                            max_concurrent_steps=st, grid_block_n=gbn)
-      report(f"jax ragged_dot_mgpu {bm}x{bn}x{bk}/{st} gbn={gbn}",
-             lambda l, r, s, f=f: f(l[0], r[0], group_sizes=s[0]), lhs, rhs, gs)
-  except Exception as ex:
-    print("jax example ERR", ex, flush=True)
-  cands = [("pipelined", BE.default_config(p, "pipelined"))]
+  if mode == "fwd":
+    try:
+      dense = jax.jit(lambda a, b: a @ b)
+      print(f"{name} {'(dense XLA GEMM, same FLOPs)':56s} {tf(timeit(dense, lhs[0], rhs[0, 0])):7.1f} TFLOP/s", flush=True)
+    except Exception as ex:
+      print("dense ERR", ex, flush=True)
+  if mode == "fwd":
+    xla = lambda l, r, s: lax.ragged_dot(l[0], r[0], s[0], preferred_element_type=jnp.bfloat16)
+  elif mode == "dgrad":
+    xla = lambda l, r, s: lax.ragged_dot(l[0], jnp.swapaxes(r[0], 1, 2), s[0],
+                                         preferred_element_type=jnp.bfloat16)
+  else:   # XLA's weight gradient: the vjp of ragged_dot wrt rhs, as jax.grad runs it
+    def xla(l, d, s):
+      w0 = jnp.zeros((g, k, n), l.dtype)
+      _, vjp = jax.vjp(lambda w: lax.ragged_dot(l[0], w, s[0]), w0)
+      return vjp(d[0])[0]
+  ref = report("xla lax.ragged_dot" + ("" if mode == "fwd" else f" ({mode})"), xla, lhs, rhs, gs)
+  ref = None if ref is None else ref.reshape(p.out_shape)
+  if mode == "fwd":
+    from jaxgemm.kernels.pallas.ragged_dot import grouped as K
+    tbl = lambda s: K.group_row_tiles(K.schedule.group_bounds(s, m), m, 128)
+    try:
+      print(f"{name} {'(slot table alone)':56s} {timeit(tbl, gs) * 1e3:9.1f} us", flush=True)
+    except Exception as ex:
+      print("table ERR", ex, flush=True)
+    try:
+      from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu as J
+      for bm, bn, bk, st, gbn in [(128, 128, 64, 4, 8), (192, 128, 64, 4, 4)]:
+        f = functools.partial(J.ragged_dot, block_m=bm, block_n=bn, block_k=bk,
+                              max_concurrent_steps=st, grid_block_n=gbn)
+        report(f"jax ragged_dot_mgpu {bm}x{bn}x{bk}/{st} gbn={gbn}",
+               lambda l, r, s, f=f: f(l[0], r[0], group_sizes=s[0]), lhs, rhs, gs)
+    except Exception as ex:
+      print("jax example ERR", ex, flush=True)
   C = P.RaggedDotPallasConfig
+  cands = []
+  if mode != "wgrad":
+    pd = BE.default_config(p, "pipelined")
+    cands += [("pipelined", pd), ("pipelined", dataclasses.replace(pd, group_aligned=True))]
+  ga = mode != "wgrad"
   cands += [("grouped", BE.default_config(p, "grouped")),
-            ("grouped", C(tile_m=256, tile_n=128, tile_k=64, max_concurrent_steps=4)),
-            ("grouped", C(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=6)),
-            ("grouped", C(tile_m=128, tile_n=256, tile_k=64, max_concurrent_steps=4)),
-            ("grouped", C(tile_m=256, tile_n=128, tile_k=64, max_concurrent_steps=4, grid_group=16)),
-            ("grouped", C(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=6, grid_group=4)),
-            ("grouped", C(tile_m=256, tile_n=128, tile_k=64, max_concurrent_steps=4, epi_tile_n=128))]
+            ("grouped", C(tile_m=256, tile_n=128, tile_k=64, max_concurrent_steps=4, group_aligned=ga)),
+            ("grouped", C(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=6, group_aligned=ga)),
+            ("grouped", C(tile_m=128, tile_n=256, tile_k=64, max_concurrent_steps=4, group_aligned=ga)),
+            ("grouped", C(tile_m=256, tile_n=128, tile_k=64, max_concurrent_steps=4, grid_group=16,
+                          group_aligned=ga))]
   seen = set()
   cands = [c for c in cands if not (c in seen or seen.add(c))]
   for v, cfg in cands:
@@ -188,8 +234,7 @@ def time_problem(name, g, m, k, n):
     except Exception as ex:
       print(f"{name} {v} {cfg} refused: {ex}", flush=True)
       continue
-    report(f"{v} {cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k}/{cfg.max_concurrent_steps} "
-           f"gg={cfg.grid_group} epi={cfg.epi_tile_n}", BE.impl(p, v, cfg, "cuda"), lhs, rhs, gs)
+    report(f"{v} {cfg_name(cfg)}", BE.impl(p, v, cfg, "cuda"), lhs, rhs, gs)
 
 
 def op_check():
@@ -202,21 +247,21 @@ def op_check():
     f = lambda l, r: jaxgemm.ragged_dot(l, r, gs[0], backend="pallas")
     out = jax.jit(f)(lhs[0], rhs[0])
     print("op fwd relerr", relerr(out[None], reference(p, lhs, rhs, gs)), flush=True)
-    # d lhs is a ragged-M GEMM with rhs transposed (ours); d rhs (ragged-K) is not ours
-    g = jax.jit(jax.grad(lambda l, r: jnp.sum(f(l, r).astype(jnp.float32) ** 2)))(lhs[0], rhs[0])
-    gr = jax.grad(lambda l, r: jnp.sum(lax.ragged_dot(l, r, gs[0], preferred_element_type=jnp.float32) ** 2))(lhs[0], rhs[0])
-    print("op grad lhs relerr", relerr(g, gr), flush=True)
+    # d lhs: ragged-M with rhs transposed (pipelined); d rhs: ragged-K (grouped)
+    g = jax.jit(jax.grad(lambda l, r: jnp.sum(f(l, r).astype(jnp.float32) ** 2), (0, 1)))(lhs[0], rhs[0])
+    gr = jax.grad(lambda l, r: jnp.sum(lax.ragged_dot(l, r, gs[0], preferred_element_type=jnp.float32) ** 2), (0, 1))(lhs[0], rhs[0])
+    print("op grad relerr lhs", relerr(g[0], gr[0]), "rhs", relerr(g[1], gr[1]), flush=True)
   except Exception as ex:
     print("op ERR", type(ex).__name__, str(ex)[:1500], flush=True)
 
 
+SHAPES = {"g8": (8, 16384, 4096, 14336), "g64": (64, 16384, 2048, 1408)}
 section = sys.argv[1]
 if section.startswith("check-"):
   check(section[len("check-"):])
-elif section == "time-g8":
-  time_problem("G8", 8, 16384, 4096, 14336)
-elif section == "time-g64":
-  time_problem("G64", 64, 16384, 2048, 1408)
+elif section.startswith("time-"):   # time-g8, time-g64-dgrad, time-g64-wgrad, ...
+  shape, _, mode = section[len("time-"):].partition("-")
+  time_problem(shape.upper(), *SHAPES[shape], mode=mode or "fwd")
 elif section == "op":
   op_check()
 print(f"[{section} done in {time.time() - T0:.0f}s]", flush=True)

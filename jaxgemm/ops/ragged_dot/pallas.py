@@ -61,6 +61,10 @@ class RaggedDotPallasConfig(KernelConfig):
   grid_group: the tile walk: bands of `grid_group` N tiles, each walked along
     the row tiles (of all groups, in order) in a snake.
   epi_tile_n: columns per epilogue piece of `grouped`.
+  group_aligned: ragged-M row tiles start at each group's first row (rounded
+    down to 8), so a group wastes at most one partial tile; otherwise they are
+    tile_m-aligned and a tile cut by a group boundary runs once per group
+    (`schedule.row_tiles`). Both rungs take both; `grouped` defaults to it.
   """
 
   backend = "pallas"
@@ -71,6 +75,7 @@ class RaggedDotPallasConfig(KernelConfig):
   max_concurrent_steps: int = int_range(2, 8, default=4)
   grid_group: int = int_range(1, 64, default=8)
   epi_tile_n: int = power_of_two(64, 256, default=64)
+  group_aligned: bool = check(lambda v: True, "a bool", default=False)
 
 
 def _mosaic_gpu_error() -> str | None:
@@ -208,7 +213,8 @@ class PallasRaggedDot(registry.Backend):
     tn = _pow2_at_least(n, 64, tn)
     tk = _pow2_at_least(k, 64, tk)
     return _fit(problem, variant, RaggedDotPallasConfig(
-        tile_m=tm, tile_n=tn, tile_k=tk, max_concurrent_steps=stages, epi_tile_n=min(64, tn)))
+        tile_m=tm, tile_n=tn, tile_k=tk, max_concurrent_steps=stages, epi_tile_n=min(64, tn),
+        group_aligned=variant == "grouped"))
 
   def tuning_candidates(self, problem: RaggedDotProblem):
     """Both rungs at their defaults, then `grouped` with the other tile shapes
@@ -222,6 +228,8 @@ class PallasRaggedDot(registry.Backend):
       if all(cand != c for _, c in out):
         out.append(("grouped", cand))
     out.append(("grouped", dataclasses.replace(g, grid_group=16)))
+    if not problem.ragged_contracting:   # the measured rung with group-aligned slots
+      out.append(("pipelined", dataclasses.replace(out[1][1], group_aligned=True)))
     return out
 
 
@@ -249,7 +257,8 @@ class PallasRaggedDot(registry.Backend):
           trans_rhs=problem.trans_rhs, out_dtype=problem.out_dtype, variant=variant,
           tile_m=config.tile_m, tile_n=config.tile_n, tile_k=config.tile_k,
           stages=config.max_concurrent_steps, epi_tile_n=config.epi_tile_n,
-          grid_group=config.grid_group, interpret=interpret)
+          grid_group=config.grid_group, group_aligned=config.group_aligned,
+          interpret=interpret)
 
     if not interpret or problem.is_empty:
       return pallas_ragged_dot

@@ -154,7 +154,7 @@ def _work_items(batch: int, slots: int, n_tiles: int, workers: int, worker):
 
 def pipelined_kernel(table_gmem, a_gmem, b_gmem, c_gmem, out_smem, *, groups: int,
                      slots: int, k: int, tm: int, tn: int, tk: int, stages: int,
-                     trans_b: bool, grid_group: int, workers: int):
+                     trans_b: bool, grid_group: int, workers: int, group_aligned: bool):
   batch, n = c_gmem.shape[0], c_gmem.shape[2]
   n_tiles = common.cdiv(n, tn)
   dtype = a_gmem.dtype
@@ -167,7 +167,11 @@ def pipelined_kernel(table_gmem, a_gmem, b_gmem, c_gmem, out_smem, *, groups: in
     bi, si, ni = common.tile_coords(worker + j * workers, slots, n_tiles, batch, False,
                                     grid_group)
     grp, rs, re = _slot(table_gmem, bi, si)
-    mi = lax.div(rs, tm)
+    # The tile's first row: its tile_m-aligned block (tile-aligned slots), or
+    # row_start rounded down to 8 (slots at each group's first row).
+    tile0 = first_row(rs) if group_aligned else lax.div(rs, tm) * tm
+    a_rows, a_row_index = ((pl.Element(tm), tile0) if group_aligned
+                           else (tm, lax.div(rs, tm)))
 
     @pl.when(rs < re)
     def _tile():
@@ -182,7 +186,7 @@ def pipelined_kernel(table_gmem, a_gmem, b_gmem, c_gmem, out_smem, *, groups: in
               step,
               grid=(common.cdiv(k, tk),),
               in_specs=[
-                  plgpu.BlockSpec((tm, tk), lambda ki: (mi, ki),
+                  plgpu.BlockSpec((a_rows, tk), lambda ki: (a_row_index, ki),
                                   transforms=common.smem_transforms(tk, dtype, swizzle),
                                   delay_release=1),
                   plgpu.BlockSpec(b_shape, lambda ki: b_index(ni, ki),
@@ -199,7 +203,6 @@ def pipelined_kernel(table_gmem, a_gmem, b_gmem, c_gmem, out_smem, *, groups: in
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
       out_smem[...] = acc.astype(out_smem.dtype)
       plgpu.commit_smem()
-      tile0 = mi * tm
       store_rows(out_smem, c_gmem.at[bi], tile0, ni * tn, rs - tile0, re - rs, tm)
       commit_stores()
 
@@ -353,7 +356,8 @@ def _pad_axis(x, axis: int, multiple: int):
 
 def ragged_dot(lhs, rhs, group_sizes, *, m: int, n: int, trans_rhs: bool, out_dtype,
                variant: str, tile_m: int, tile_n: int, tile_k: int, stages: int,
-               epi_tile_n: int, grid_group: int, interpret: bool = False):
+               epi_tile_n: int, grid_group: int, group_aligned: bool,
+               interpret: bool = False):
   """out (B, M, N) = ragged-M grouped GEMM of lhs (B, M, K) and rhs (B, G, K, N)
   (or (B, G, N, K) with trans_rhs). `group_sizes`: (B, G) sizes, or (B, 2, G)
   each group's [start, end) rows (`schedule.group_bounds`); rows in no group
@@ -382,14 +386,15 @@ def ragged_dot(lhs, rhs, group_sizes, *, m: int, n: int, trans_rhs: bool, out_dt
   tm, tn, tk = tile_m, tile_n, tile_k
   k_iters = common.cdiv(k, tk)
   stages = max(2, min(stages, k_iters))
+  table = (group_row_tiles(bounds, m, tm) if group_aligned
+           else schedule.row_tiles(bounds, m, tm))
   if variant == "pipelined":
-    table = schedule.row_tiles(bounds, m, tm)
     body = functools.partial(
         pipelined_kernel, groups=groups, slots=table.shape[-1], k=k, tm=tm, tn=tn, tk=tk,
-        stages=stages, trans_b=trans_rhs, grid_group=grid_group, workers=workers)
+        stages=stages, trans_b=trans_rhs, grid_group=grid_group, workers=workers,
+        group_aligned=group_aligned)
     extra = dict(scratch_types=(plgpu.SMEM((tm, tn), out_dtype),))
   elif variant == "grouped":
-    table = group_row_tiles(bounds, m, tm)
     body = functools.partial(
         grouped_kernel, groups=groups, slots=table.shape[-1], k=k, tm=tm, tn=tn, tk=tk,
         stages=stages, epi_tn=min(epi_tile_n, tn), trans_b=trans_rhs,
