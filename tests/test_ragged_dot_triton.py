@@ -239,3 +239,37 @@ def test_persistent(mode):
   _run(_problem(2, 4, 45, 40, 24, BF16, trans_rhs=mode == "ragged-M-trans",
                 ragged_contracting=mode == "ragged-K"),
        [[10, 0, 1, 30], [3, 17, 0, 20]], PERSISTENT, nan_outside=True)
+
+
+def test_group_row_tiles_cover_each_group_from_its_first_row():
+  """The ragged-M schedule: every row in exactly one slot, a group of r rows in
+  ceil(r / block_m) slots starting at its first row, within the static slot count."""
+  rng = np.random.default_rng(3)
+  tables = jax.jit(grouped.group_row_tiles, static_argnums=(1, 2))
+  for trial in range(60):
+    (m, groups), block_m = [(37, 1), (150, 5), (96, 8)][trial % 3], 16
+    sizes = rng.integers(0, 2 * m // groups + 2, size=(1, groups)).astype(np.int32)
+    if trial % 4 == 0:   # a device's share: rows before the first group too
+      bounds = np.sort(rng.integers(0, m + 1, size=2 * groups)).reshape(groups, 2).T[None]
+      bounds = np.stack([bounds[:, 0], np.maximum(bounds[:, 0], bounds[:, 1])], 1)
+      bounds[:, 0, 1:] = bounds[:, 1, :-1]          # contiguous groups
+    else:
+      ends = np.minimum(np.cumsum(sizes, -1), m)
+      bounds = np.stack([np.concatenate([[[0]], ends[:, :-1]], -1), ends], 1)
+    table = np.asarray(tables(jnp.asarray(bounds, jnp.int32), m, block_m))[0]
+    assert table.shape[-1] == grouped.num_group_slots(m, groups, block_m)
+    owner = np.full(m, -1)
+    for group, start, end in table.T:
+      assert 0 <= end - start <= block_m
+      for row in range(start, end):
+        assert owner[row] == -1, f"row {row} in two slots"
+        owner[row] = group
+    expected = np.full(m, groups)
+    for g in range(groups):
+      s, e = bounds[0, :, g]
+      expected[s:e] = g
+      used = table[:, (table[0] == g) & (table[2] > table[1])]
+      assert used.shape[1] == -(-(e - s) // block_m)
+      if e > s:
+        assert used[1].min() == s
+    np.testing.assert_array_equal(owner, expected)

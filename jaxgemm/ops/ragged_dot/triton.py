@@ -30,18 +30,17 @@ _OUT_DTYPES = _DTYPES
 
 # Tensor-core tiles, largest first: (block_m, block_n, block_k of 16-bit
 # operands, num_warps, num_stages). 128x256x64 in 3 stages is the matmul's
-# 750 TFLOP/s tile (../../shared/GPU_NOTES.md); the others trade per-tile
-# efficiency for less work wasted on tiles cut by group boundaries (ragged-M)
-# and more programs on the SMs.
+# 750 TFLOP/s tile (../../shared/GPU_NOTES.md). On the H100 (bf16, Dirichlet(2)
+# group sizes, research/ragged_dot/h100-triton-2026-11-25.log) it was the best
+# of these on every problem timed: G=8 M=16384 K=4096 N=14336 forward 700
+# TFLOP/s (128x128: 549), G=64 M=16384 K=2048 N=1408 339 (128x128: 313, the
+# 64-row tiles 280-282), the G=8 weight gradient 654 (128x128: 567). That run
+# cut tiles at multiples of block_m; tiles now start at each group's first row.
 _TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 256, 64, 4, 3),
           (64, 128, 64, 4, 4))
 # Exact fp32 (precision=HIGHEST) runs as FMA on CUDA cores: the matmul's
 # `pipelined` tile (46 TFLOP/s at 8192^3 on the H200).
 _IEEE_TILE = (64, 128, 32, 4, 3)
-# Ragged-M: below this many rows per group on average, 64-row tiles (a group
-# boundary cuts a tile into two runs; with fewer rows per group a larger
-# share of the work is such duplicated runs).
-SMALL_GROUP_ROWS = 512
 NUM_SMS = 132
 
 
@@ -120,9 +119,9 @@ class TritonRaggedDot(registry.Backend):
     return np.dtype(problem.dtype).itemsize // 2   # fp32: half as deep, same bytes
 
   def default_config(self, problem: RaggedDotProblem, variant: str) -> RaggedDotTritonConfig:
-    """The heuristic tile: the matmul's 128x256x64 tile where groups are large, a
-    smaller one where tiles cut by group boundaries or too few programs would
-    waste the SMs; clamped to the problem (tiny CPU problems run few programs)."""
+    """The heuristic tile: 128x256x64 (measured best on both MoE shapes and the weight
+    gradient), 128x128 where N is narrow or (ragged-K) 128x256 tiles leave SMs
+    idle; clamped to the problem (tiny CPU problems run few programs)."""
     if problem.fp32_precision == "ieee":
       return self._within_smem(problem, RaggedDotTritonConfig(**_clamped(
           problem, _tile_dict(_IEEE_TILE))))
@@ -136,10 +135,7 @@ class TritonRaggedDot(registry.Backend):
         if tiles >= NUM_SMS:
           break
     else:
-      rows_per_group = problem.m / max(1, problem.groups)
-      tile = _TILES[0] if rows_per_group >= SMALL_GROUP_ROWS else _TILES[3]
-      if problem.n <= 128 and tile[1] > 128:
-        tile = _TILES[1]
+      tile = _TILES[1] if problem.n <= 128 else _TILES[0]
     config = RaggedDotTritonConfig(**_clamped(problem, _tile_dict(tile, k_scale)))
     return self._within_smem(problem, config)
 

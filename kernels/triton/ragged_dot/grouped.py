@@ -2,20 +2,24 @@
 
 `group_sizes` is a device array, so which rows belong to which group is known
 only when the kernel runs. The kernels take small int32 tables made by a few
-XLA ops just before the launch (`jaxgemm.ops.ragged_dot.schedule`):
+XLA ops just before the launch from the groups' row ranges
+(`jaxgemm.ops.ragged_dot.schedule.group_bounds`, (B, 2, G)):
 
 * `ragged_m_kernel` (forward; the lhs gradient is the same kernel with the
-  weights transposed): grid (num_slots * tiles_n, B). A slot is one
-  (group, block_m-aligned row tile) pair with rows [row_start, row_end),
-  read from the (B, 3, S) `row_tiles` table. A tile cut by a group boundary
-  is run once per group, each run storing only its own rows; the tail
-  pseudo-group G (rows past sum(group_sizes)) stores zeros and reads nothing;
-  unused slots return at once. An empty group has no slot, so its weights
-  are never read. Programs walk `group_m` slots down each N column (the
-  matmul's `grouped_tile` order), so adjacent programs share an expert's
-  weight tile and a slot's rows while they are in L2.
+  weights transposed): grid (num_group_slots * tiles_n, B). A slot is one
+  tile of up to block_m rows of one group, [row_start, row_end), read from
+  the (B, 3, S) `group_row_tiles` table: each group's tiles start at its own
+  first row, so a group of r rows runs ceil(r / block_m) tiles (rows past
+  row_end in a tile are the next group's: computed, not stored). The rows in
+  no group (pseudo-group G) are stored as zeros, nothing read; unused slots
+  return at once. An empty group has no slot, so its weights are never read.
+  Programs walk `group_m` slots down each N column (the matmul's
+  `grouped_tile` order), so adjacent programs share an expert's weight tile
+  and a slot's rows while they are in L2. `ragged_m_persistent_kernel` walks
+  the same items on one program per SM.
 * `ragged_k_kernel` (weight gradient): out[b, g] = lhs[b, rows of g]^T @
-  rhs[b, rows of g], (K, N) per group. Grid (G * tiles_k * tiles_n, B); each
+  rhs[b, rows of g], (K, N) per group. Grid (G * tiles_k * tiles_n, B) (or
+  persistent: `ragged_k_persistent_kernel`); each
   program reads its group's [start, end) from the (B, 2, G) `group_bounds`
   table and walks those rows in steps, masked at both ends (rows of the
   neighbouring groups load as zeros). The lhs tile is loaded transposed
@@ -50,19 +54,19 @@ def _ptrs(base, offs_rows, offs_cols, ROW_STRIDE: tl.constexpr, COL_STRIDE: tl.c
 
 @triton.jit
 def _ragged_m_acc(
-    lhs_ptr, rhs_ptr, batch, group, first_row, pid_n, k_iters,
+    lhs_ptr, rhs_ptr, batch, group, row_start, pid_n, k_iters,
     M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
     RHS_STRIDE_K: tl.constexpr, RHS_STRIDE_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
 ):
-  """The fp32 tile lhs[batch, first_row + BLOCK_M rows] @ rhs[batch, group][:, N tile],
+  """The fp32 tile lhs[batch, row_start + BLOCK_M rows] @ rhs[batch, group][:, N tile],
   over the first k_iters steps of K (0: a zero tile, nothing read)."""
   # Rows past M and columns past N wrap around instead of being masked: the
   # loads stay in bounds and unmasked, and those results are never stored.
   # Rows of the tile outside the slot's rows belong to other groups: computed
   # with this group's weights and discarded at the store.
-  offs_am = (first_row + tl.arange(0, BLOCK_M)) % M
+  offs_am = (row_start + tl.arange(0, BLOCK_M)) % M
   offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
   offs_k = tl.arange(0, BLOCK_K)
   lhs_base = lhs_ptr + tl.cast(batch, tl.int64) * (M * K)
@@ -88,16 +92,15 @@ def _ragged_m_acc(
 
 
 @triton.jit
-def _ragged_m_store(out_ptr, batch, first_row, row_start, row_end, pid_n, acc,
+def _ragged_m_store(out_ptr, batch, row_start, row_end, pid_n, acc,
                     M: tl.constexpr, N: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
-  """Stores the rows of `acc` in [row_start, row_end) (and < N columns) to out[batch]."""
-  offs_m = first_row + tl.arange(0, BLOCK_M)
+  """Stores acc's rows [row_start, row_end) (at most BLOCK_M, columns < N) to out[batch]."""
+  offs_m = row_start + tl.arange(0, BLOCK_M)
   offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
   out_base = out_ptr + tl.cast(batch, tl.int64) * (M * N)
   c_ptrs = _ptrs(out_base, offs_m, offs_n, N, 1, INDEX_64)
-  mask = ((offs_m[:, None] >= row_start) & (offs_m[:, None] < row_end)
-          & (offs_n[None, :] < N))
+  mask = (offs_m[:, None] < row_end) & (offs_n[None, :] < N)
   tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -124,15 +127,14 @@ def ragged_m_kernel(
   row_end = tl.load(table + 2 * S)
   if row_start >= row_end:
     return
-  first_row = (row_start // BLOCK_M) * BLOCK_M
   if group == G:   # rows in no group: zeros, nothing read
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   else:
-    acc = _ragged_m_acc(lhs_ptr, rhs_ptr, batch, group, first_row, pid_n,
+    acc = _ragged_m_acc(lhs_ptr, rhs_ptr, batch, group, row_start, pid_n,
                         tl.cdiv(K, BLOCK_K), M, N, K, G, RHS_STRIDE_K, RHS_STRIDE_N,
                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST_OPERANDS, DOT_PRECISION,
                         INDEX_64)
-  _ragged_m_store(out_ptr, batch, first_row, row_start, row_end, pid_n, acc, M, N,
+  _ragged_m_store(out_ptr, batch, row_start, row_end, pid_n, acc, M, N,
                   BLOCK_M, BLOCK_N, INDEX_64)
 
 
@@ -150,8 +152,9 @@ def ragged_m_persistent_kernel(
   (batch, slot, N tile) work items, branch-free so that Triton can pipeline the
   next item's loads under this one's epilogue: an unused slot or the rows in no
   group run zero K steps (an unused slot then stores nothing)."""
-  TILES: tl.constexpr = S * tl.cdiv(N, BLOCK_N)
-  K_ITERS: tl.constexpr = tl.cdiv(K, BLOCK_K)
+  # Plain constexpr arithmetic: triton 3.6 refused tl.cdiv's result in tl.range's bounds.
+  TILES: tl.constexpr = S * ((N + BLOCK_N - 1) // BLOCK_N)
+  K_ITERS: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
   for item in tl.range(tl.program_id(0), BATCH * TILES, NUM_PROGRAMS, flatten=True):
     batch = item // TILES
     slot, pid_n = grouped_tile(item % TILES, S * BLOCK_M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -160,12 +163,11 @@ def ragged_m_persistent_kernel(
     row_start = tl.load(table + S)
     row_end = tl.load(table + 2 * S)
     k_iters = tl.where((group < G) & (row_start < row_end), K_ITERS, 0)
-    first_row = (row_start // BLOCK_M) * BLOCK_M
-    acc = _ragged_m_acc(lhs_ptr, rhs_ptr, batch, tl.minimum(group, G - 1), first_row, pid_n,
-                        k_iters, M, N, K, G, RHS_STRIDE_K, RHS_STRIDE_N,
+    acc = _ragged_m_acc(lhs_ptr, rhs_ptr, batch, tl.minimum(group, G - 1), row_start,
+                        pid_n, k_iters, M, N, K, G, RHS_STRIDE_K, RHS_STRIDE_N,
                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST_OPERANDS, DOT_PRECISION,
                         INDEX_64)
-    _ragged_m_store(out_ptr, batch, first_row, row_start, row_end, pid_n, acc, M, N,
+    _ragged_m_store(out_ptr, batch, row_start, row_end, pid_n, acc, M, N,
                     BLOCK_M, BLOCK_N, INDEX_64)
 
 
@@ -240,7 +242,7 @@ def ragged_k_persistent_kernel(
     UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
 ):
   """`ragged_k_kernel` on a persistent grid walking (batch, group, tile) items."""
-  TILES: tl.constexpr = tl.cdiv(K, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+  TILES: tl.constexpr = ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
   for item in tl.range(tl.program_id(0), BATCH * G * TILES, NUM_PROGRAMS, flatten=True):
     pid_k, pid_n = grouped_tile(item % TILES, K, N, BLOCK_M, BLOCK_N, GROUP_M)
     _ragged_k_tile(lhs_ptr, rhs_ptr, bounds_ptr, out_ptr, item // (G * TILES),
@@ -264,6 +266,46 @@ def _dot_precision(problem) -> str:
   return problem.fp32_precision or "tf32"   # 16-bit operands ignore it
 
 
+def num_group_slots(m: int, groups: int, block_m: int) -> int:
+  """Static length of `group_row_tiles`' slot axis: the G groups and the two ranges of
+  rows in no group (before the first, after the last) take ceil(rows / block_m)
+  tiles each, at most floor(m / block_m) + G + 2 together."""
+  return -(-m // block_m) + groups + 2
+
+
+def group_row_tiles(bounds: jax.Array, m: int, block_m: int) -> jax.Array:
+  """(B, 3, num_group_slots) int32: each slot's group, first row and end row.
+
+  As `schedule.row_tiles`, but each group's tiles start at the group's own first
+  row instead of at a multiple of block_m: a group of r rows takes
+  ceil(r / block_m) tiles, never more than the ceil(end / block_m) -
+  floor(start / block_m) of block_m-aligned tiles (a G=64 layer with 256 rows
+  per group on average runs about 160 tiles of 128 rows instead of 192). The
+  rows in no group (before the first group, after the last) are pseudo-group G,
+  stored as zeros; slots past the last tile have row_start == row_end == 0.
+  """
+  batch, _, groups = bounds.shape
+  bounds = bounds.astype(jnp.int32)
+  starts = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), bounds[:, 0],
+                            bounds[:, 1, -1:]], axis=-1)                       # (B, G + 2)
+  ends = jnp.concatenate([bounds[:, 0, :1], bounds[:, 1],
+                          jnp.full((batch, 1), m, jnp.int32)], axis=-1)
+  labels = jnp.concatenate([jnp.array([groups]), jnp.arange(groups),
+                            jnp.array([groups])]).astype(jnp.int32)
+  tiles = -(-jnp.maximum(ends - starts, 0) // block_m)
+  slot_end = jnp.cumsum(tiles, axis=-1)                                         # inclusive
+  slots = jnp.arange(num_group_slots(m, groups, block_m), dtype=jnp.int32)
+  index = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(slot_end)
+  valid = index < groups + 2
+  index = jnp.minimum(index, groups + 1)
+  take = lambda x: jnp.take_along_axis(x, index, axis=-1)
+  row_start = take(starts) + (slots - (take(slot_end) - take(tiles))) * block_m
+  row_end = jnp.minimum(row_start + block_m, take(ends))
+  row_start = jnp.where(valid, row_start, 0)
+  row_end = jnp.where(valid, row_end, 0)
+  return jnp.stack([labels[index], row_start, row_end], axis=-2).astype(jnp.int32)
+
+
 DEFAULT_NUM_SMS = 132   # H100/H200, where the device cannot be asked
 
 
@@ -275,8 +317,8 @@ def num_sms(platform: str) -> int:
 
 
 def ragged_m_launch(problem, config, platform) -> triton_call.Launch:
-  """The launch of the ragged-M kernel; its operands are (lhs, rhs, row_tiles table)."""
-  slots = schedule.num_slots(problem.m, problem.groups, config.block_m)
+  """The launch of the ragged-M kernel; its operands are (lhs, rhs, group_row_tiles table)."""
+  slots = num_group_slots(problem.m, problem.groups, config.block_m)
   tiles_n = triton.cdiv(problem.n, config.block_n)
   rhs_stride_k, rhs_stride_n = (1, problem.k) if problem.trans_rhs else (problem.n, 1)
   common = dict(
@@ -334,6 +376,6 @@ def ragged_dot(lhs, rhs, group_sizes, problem, config, platform):
     table = bounds.astype(jnp.int32)
     launch = ragged_k_launch(problem, config, platform)
   else:
-    table = schedule.row_tiles(bounds, problem.m, config.block_m)
+    table = group_row_tiles(bounds, problem.m, config.block_m)
     launch = ragged_m_launch(problem, config, platform)
   return triton_call.call(launch, lhs, rhs, table, platform=platform)
