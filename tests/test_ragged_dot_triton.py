@@ -273,3 +273,14 @@ def test_group_row_tiles_cover_each_group_from_its_first_row():
       if e > s:
         assert used[1].min() == s
     np.testing.assert_array_equal(owner, expected)
+
+
+def test_structural_win_only_where_measured():
+  moe = _problem(1, 64, 16384, 2048, 1408, BF16)
+  assert BACKEND.structural_win(moe, "NVIDIA H200")
+  assert BACKEND.structural_win(moe, "NVIDIA H100 80GB HBM3")
+  assert BACKEND.structural_win(moe, "NVIDIA A100") is None
+  assert BACKEND.structural_win(_problem(1, 8, 128, 256, 256, BF16), "NVIDIA H200") is None
+  assert BACKEND.structural_win(_problem(1, 64, 16384, 2048, 1408, F32), "NVIDIA H200") is None
+  wgrad = _problem(1, 64, 16384, 2048, 1408, BF16, ragged_contracting=True)
+  assert BACKEND.structural_win(wgrad, "NVIDIA H200") is None

@@ -42,6 +42,9 @@ _TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 256, 64, 4, 3),
 # `pipelined` tile (46 TFLOP/s at 8192^3 on the H200).
 _IEEE_TILE = (64, 128, 32, 4, 3)
 NUM_SMS = 132
+# `TritonRaggedDot.structural_win`: the smallest problem (FLOPs) that claims a win.
+# The smaller of the two measured forwards had 94.5 GFLOP.
+STRUCTURAL_WIN_MIN_FLOPS = 2**36
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +109,23 @@ class TritonRaggedDot(registry.Backend):
                     "jaxgemm.triton_call", "jaxgemm.ops.ragged_dot.schedule")
   config_cls = RaggedDotTritonConfig
   variants = ("grouped",)
+
+  def structural_win(self, problem: RaggedDotProblem, device_kind: str) -> str | None:
+    """Where the heuristic choice was measured to beat XLA's `lax.ragged_dot` (Hopper).
+
+    16-bit ragged-M problems of at least STRUCTURAL_WIN_MIN_FLOPS: XLA runs
+    them as per-group cuBLAS calls and fusions, 101 and 10.4 TFLOP/s on the H100
+    against 703 and 339 here on the issue's two MoE forwards
+    (research/ragged_dot/h100-triton-2026-11-25.log). Smaller problems and
+    the weight gradient were not measured against XLA.
+    """
+    if not any(kind in device_kind for kind in ("H100", "H200")):
+      return None
+    if (problem.ragged_contracting or problem.fp32_precision is not None
+        or problem.flops < STRUCTURAL_WIN_MIN_FLOPS):
+      return None
+    return (f"grouped GEMM of {problem.flops / 1e9:.0f} GFLOP: XLA's ragged_dot ran 7-33x "
+            f"slower on the MoE shapes measured")
 
   def unavailable_reason(self) -> str | None:
     try:
