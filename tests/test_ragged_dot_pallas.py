@@ -36,10 +36,10 @@ TINY = {"pipelined": RaggedDotPallasConfig(tile_m=64, tile_n=64, tile_k=64,
 
 
 def _problem(batch, groups, m, k, n, dtype=BF16, out_dtype=None, *, trans_rhs=False,
-             ragged_contracting=False):
+             ragged_contracting=False, precision=None):
   return RaggedDotProblem(batch, groups, m, k, n, np.dtype(dtype),
                           np.dtype(out_dtype or dtype), F32, trans_rhs=trans_rhs,
-                          ragged_contracting=ragged_contracting)
+                          ragged_contracting=ragged_contracting, precision=precision)
 
 
 def _bounds(sizes, m):
@@ -114,6 +114,13 @@ def test_trans_rhs(variant):
 def test_batch_two_with_different_sizes():
   # Batch 0: sizes summing past M (clamped); batch 1: one group takes every row.
   _run(_problem(2, 3, 72, 64, 64, F16), [50, 40, 5, 0, 72, 0], "pipelined")
+
+
+@pytest.mark.parametrize("variant", ["pipelined", pytest.param("grouped", marks=pytest.mark.slow)])
+def test_float32_as_tf32(variant):
+  # rhs (G, K, N) is transposed by XLA for TF32's K-major reads; K = 32 is one step.
+  _run(_problem(1, 3, 100, 32, 64, F32), [40, 0, 51], variant,
+       dataclasses.replace(TINY[variant], tile_k=32))
 
 
 def test_unaligned_n_and_k_and_f32_out():
@@ -192,8 +199,17 @@ def test_check_refuses_what_the_kernels_do_not_run():
   cfg = TINY["pipelined"]
   with pytest.raises(NotImplementedError, match="ragged-K.*variant='grouped'"):
     BACKEND.check(_problem(1, 2, 64, 64, 64, ragged_contracting=True), "pipelined", cfg)
-  with pytest.raises(NotImplementedError, match="float32"):
-    BACKEND.check(_problem(1, 2, 64, 64, 64, F32), "pipelined", cfg)
+  highest = (jax.lax.Precision.HIGHEST,) * 2
+  with pytest.raises(NotImplementedError, match="TF32"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64, F32, precision=highest), "pipelined", cfg)
+  with pytest.raises(NotImplementedError, match="ragged-M forms only"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64, F32, ragged_contracting=True), "grouped",
+                  TINY["grouped"])
+  with pytest.raises(NotImplementedError, match="dtype=int8"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64, np.int8, F32), "pipelined", cfg)
+  with pytest.raises(ValueError, match="tile_k=32 must be >= 64"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64), "pipelined",
+                  dataclasses.replace(cfg, tile_k=32))
   with pytest.raises(ValueError, match="tile_m=64 must be >= 128"):
     BACKEND.check(_problem(1, 2, 64, 64, 64), "grouped", cfg)
   with pytest.raises(ValueError, match="shared memory"):
@@ -209,7 +225,8 @@ def test_check_refuses_what_the_kernels_do_not_run():
 def test_default_configs_pass_their_checks():
   for p in (_problem(1, 8, 16384, 4096, 14336), _problem(1, 64, 16384, 2048, 1408),
             _problem(1, 3, 40, 24, 40, BF16, F32), _problem(2, 4, 200, 64, 64, trans_rhs=True),
-            _problem(1, 8, 16384, 4096, 14336, ragged_contracting=True)):
+            _problem(1, 8, 16384, 4096, 14336, ragged_contracting=True),
+            _problem(1, 8, 4096, 1024, 2048, F32)):
     for variant in BACKEND.variants:
       if p.ragged_contracting and variant == "pipelined":
         continue
@@ -225,13 +242,15 @@ def test_default_configs_pass_their_checks():
 @pytest.mark.parametrize("variant,mode", [("pipelined", "N"), ("pipelined", "T"),
                                           ("pipelined", "N-group-aligned"),
                                           ("grouped", "N"), ("grouped", "T"),
-                                          ("grouped", "K")])
+                                          ("grouped", "K"), ("pipelined", "F32"),
+                                          ("grouped", "F32")])
 def test_lowers_for_the_gpu(variant, mode):
   """Each rung lowers to Mosaic GPU for sm_90a without a GPU: layout and transform
   inference run here, so what the interpreter accepts and the compiler refuses
   (a TMA row offset it cannot prove a multiple of 8, a C width off the 64-wide
   tiling) shows in CI. Lowering is not compiling: PTX and ptxas still need the GPU."""
-  p = _problem(1, 5, 1000, 320, 200, trans_rhs=mode == "T", ragged_contracting=mode == "K")
+  p = _problem(1, 5, 1000, 320, 200, F32 if mode == "F32" else BF16, trans_rhs=mode == "T",
+               ragged_contracting=mode == "K")
   config = BACKEND.default_config(p, variant)
   if mode.endswith("group-aligned"):
     config = dataclasses.replace(config, group_aligned=True)

@@ -15,11 +15,12 @@ Kernels live in `jaxgemm.kernels.pallas.ragged_dot`, two rungs:
    interpreter; not yet run on a GPU.
 
 Ragged-M takes both rhs layouts (forward rhs (G, K, N); data gradient rhs
-(G, N, K), `trans_rhs`); 16-bit operands, results in bf16, fp16 or fp32. Tiles
+(G, N, K), `trans_rhs`); 16-bit operands, or float32 as TF32 (ragged-M only:
+rhs (G, K, N) is transposed once by XLA, TF32 wgmma reading K-major operands
+only); results in bf16, fp16 or fp32. Tiles
 are mapped to groups on the device from the group bounds (small int32 tables
 made by XLA right before the launch, or read in-kernel); ragged rows are
-stored by a ladder of TMA stores, so tokens are never padded. fp32 operands
-raise NotImplementedError (other backends take them).
+stored by a ladder of TMA stores, so tokens are never padded.
 
 On `cuda` the kernels compile through Mosaic GPU (sm_90a); on `cpu` the very
 same kernels run in the Mosaic GPU interpreter (slow: small problems only).
@@ -43,7 +44,10 @@ VARIANTS = ("pipelined", "grouped")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
 _EPI_TILE_M = 64                    # rows of a `grouped` epilogue piece
 _INTERPRETER_LOCK = threading.Lock()
-_IN_DTYPES = (jnp.bfloat16, jnp.float16)
+# float32 runs as TF32 (precision DEFAULT), ragged-M only: TF32 wgmma reads both
+# operands K-major, so rhs (G, K, N) is transposed once by XLA; ragged-K would need
+# both operands transposed.
+_IN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 # The smallest problem `structural_win` claims: the probed shapes were 95 and 1926 GFLOP.
 _WIN_MIN_FLOPS = 2 * 4096 * 2048 * 1024
@@ -71,7 +75,7 @@ class RaggedDotPallasConfig(KernelConfig):
 
   tile_m: int = power_of_two(64, 256, default=128)
   tile_n: int = power_of_two(64, 256, default=128)
-  tile_k: int = power_of_two(64, 128, default=64)
+  tile_k: int = power_of_two(32, 128, default=64)
   max_concurrent_steps: int = int_range(2, 8, default=4)
   grid_group: int = int_range(1, 64, default=8)
   epi_tile_n: int = power_of_two(64, 256, default=64)
@@ -159,6 +163,14 @@ class PallasRaggedDot(registry.Backend):
           f"{what} runs the ragged-M forms only (out (B, M, N)); the ragged-K form "
           f"(out (G, K, N), the weight gradient) runs on variant='grouped'")
     registry.require_dtypes(problem, what, _IN_DTYPES)
+    if problem.fp32_precision not in (None, "tf32"):
+      raise NotImplementedError(
+          f"{what} multiplies float32 on TF32 tensor cores (precision DEFAULT); precision "
+          f"HIGH or HIGHEST asks for {problem.fp32_precision!r}: use backend='triton' or 'xla'")
+    if problem.fp32_precision and problem.ragged_contracting:
+      raise NotImplementedError(
+          f"{what} runs float32 (TF32) in the ragged-M forms only; the ragged-K form "
+          f"(the weight gradient) of float32 runs on backend='triton' or 'xla'")
     if np.dtype(problem.out_dtype) not in tuple(map(np.dtype, _OUT_DTYPES)):
       raise NotImplementedError(
           f"{what} writes bfloat16, float16 or float32 results; got "
@@ -176,6 +188,10 @@ class PallasRaggedDot(registry.Backend):
       raise TypeError(f"backend='pallas' of ragged_dot takes a RaggedDotPallasConfig, got "
                       f"{type(config).__name__}")
     tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
+    span = 128 // np.dtype(problem.dtype).itemsize
+    if tk < span:
+      raise ValueError(f"{what}: tile_k={tk} must be >= {span} for "
+                       f"{np.dtype(problem.dtype).name} operands (one 128-byte swizzle span)")
     if variant == "grouped":
       if tm < 128:
         raise ValueError(f"variant='grouped' splits tile_m between two consumer warpgroups "
@@ -201,17 +217,19 @@ class PallasRaggedDot(registry.Backend):
     m, n, k = problem.m, problem.n, problem.k
     if problem.ragged_contracting:   # out (K, N) tiles, contracted over row chunks
       m, k = k, m
+    # K steps in bytes: a float32 (TF32) step of half the depth fills the same span.
+    tk_min = 128 // np.dtype(problem.dtype).itemsize
     if variant == "grouped":
-      tm, tn, tk, stages = 256, 128, 64, 4
+      tm, tn, tk, stages = 256, 128, tk_min, 4
       # Small groups: each group wastes up to a tile of rows; keep tiles short.
       if m // max(problem.groups, 1) < 512 and not problem.ragged_contracting:
         tm = 128
       tm = _pow2_at_least(m, 128, tm)
     else:
-      tm, tn, tk, stages = 128, 128, 64, 4
+      tm, tn, tk, stages = 128, 128, tk_min, 4
       tm = _pow2_at_least(m, 64, tm)
     tn = _pow2_at_least(n, 64, tn)
-    tk = _pow2_at_least(k, 64, tk)
+    tk = _pow2_at_least(k, tk_min, tk)
     return _fit(problem, variant, RaggedDotPallasConfig(
         tile_m=tm, tile_n=tn, tile_k=tk, max_concurrent_steps=stages, epi_tile_n=min(64, tn),
         group_aligned=variant == "grouped"))

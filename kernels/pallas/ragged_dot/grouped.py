@@ -368,12 +368,14 @@ def ragged_dot(lhs, rhs, group_sizes, *, m: int, n: int, trans_rhs: bool, out_dt
     bounds = schedule.group_bounds(group_sizes, m)
   batch, groups = bounds.shape[0], bounds.shape[2]
   out_dtype = jnp.dtype(out_dtype)
+  if jnp.dtype(lhs.dtype).itemsize == 4 and not trans_rhs:
+    # TF32 wgmma reads both operands K-major only ("Only f16 WGMMA supports
+    # transposes"): rhs (G, K, N) becomes (G, N, K), one XLA copy of the weights.
+    rhs, trans_rhs = jnp.swapaxes(rhs, 2, 3), True
   span = common.col_multiple(lhs.dtype)
   lhs = _pad_axis(_pad_axis(lhs, 1, ROW_ALIGN), 2, span)
-  if trans_rhs:    # (B, G, N, K): K is the swizzled minor dimension
-    rhs = _pad_axis(_pad_axis(rhs, 2, ROW_ALIGN), 3, span)
-  else:            # (B, G, K, N)
-    rhs = _pad_axis(_pad_axis(rhs, 2, ROW_ALIGN), 3, span)
+  # rhs's rows to 8, its minor dimension (K if trans_rhs, else N) to the span.
+  rhs = _pad_axis(_pad_axis(rhs, 2, ROW_ALIGN), 3, span)
   k = lhs.shape[2]
   if rhs.shape[3 if trans_rhs else 2] != k:   # K padded on one side only
     rhs = _pad_axis(rhs, 3 if trans_rhs else 2, k)
