@@ -111,6 +111,12 @@ def test_trans_rhs(variant):
   _run(_problem(1, 3, 136, 64, 64, trans_rhs=True), [0, 9, 120], variant)
 
 
+def test_pipelined_192_row_tiles():
+  # A tile height that is no power of two: the store ladder's largest box is 128.
+  _run(_problem(1, 3, 400, 64, 64), [191, 1, 200], "pipelined",
+       dataclasses.replace(TINY["pipelined"], tile_m=192, group_aligned=True))
+
+
 def test_batch_two_with_different_sizes():
   # Batch 0: sizes summing past M (clamped); batch 1: one group takes every row.
   _run(_problem(2, 3, 72, 64, 64, F16), [50, 40, 5, 0, 72, 0], "pipelined")
@@ -137,6 +143,13 @@ def test_ragged_k():
   # groups (masked), an empty group's block zero, a one-row group, 29 rows in no
   # group (NaN: never reach the result); K = 128 is one tile of two consumers.
   _run(_problem(1, 4, 200, 128, 64, ragged_contracting=True), [70, 0, 1, 100], "grouped")
+
+
+@pytest.mark.slow
+def test_ragged_k_float32_as_tf32():
+  # Both operands transposed by XLA (TF32 reads K-major); chunks are 32 columns.
+  p = _problem(1, 3, 100, 128, 64, F32, ragged_contracting=True)
+  _run(p, [40, 0, 51], "pipelined", BACKEND.default_config(p, "pipelined"))
 
 
 @pytest.mark.slow
@@ -197,14 +210,12 @@ def test_group_row_tiles(tile_m):
 
 def test_check_refuses_what_the_kernels_do_not_run():
   cfg = TINY["pipelined"]
-  with pytest.raises(NotImplementedError, match="ragged-K.*variant='grouped'"):
+  # Ragged-K: one kernel for either rung, two consumers of 64-row pieces.
+  with pytest.raises(ValueError, match="tile_m=64 must be >= 128"):
     BACKEND.check(_problem(1, 2, 64, 64, 64, ragged_contracting=True), "pipelined", cfg)
   highest = (jax.lax.Precision.HIGHEST,) * 2
   with pytest.raises(NotImplementedError, match="TF32"):
     BACKEND.check(_problem(1, 2, 64, 64, 64, F32, precision=highest), "pipelined", cfg)
-  with pytest.raises(NotImplementedError, match="ragged-M forms only"):
-    BACKEND.check(_problem(1, 2, 64, 64, 64, F32, ragged_contracting=True), "grouped",
-                  TINY["grouped"])
   with pytest.raises(NotImplementedError, match="dtype=int8"):
     BACKEND.check(_problem(1, 2, 64, 64, 64, np.int8, F32), "pipelined", cfg)
   with pytest.raises(ValueError, match="tile_k=32 must be >= 64"):
@@ -216,8 +227,13 @@ def test_check_refuses_what_the_kernels_do_not_run():
     BACKEND.check(_problem(1, 2, 4096, 4096, 4096), "grouped",
                   RaggedDotPallasConfig(tile_m=256, tile_n=256, tile_k=128,
                                         max_concurrent_steps=4))
-  with pytest.raises(ValueError, match="power of two"):
+  with pytest.raises(ValueError, match="one of 64, 128, 192, 256"):
     RaggedDotPallasConfig(tile_m=96)
+  with pytest.raises(ValueError, match="power of two"):
+    RaggedDotPallasConfig(tile_n=96)
+  with pytest.raises(ValueError, match="tile_m=192 must be 128 or 256"):
+    BACKEND.check(_problem(1, 2, 64, 64, 64), "grouped",
+                  dataclasses.replace(TINY["grouped"], tile_m=192))
   with pytest.raises(ValueError, match="unknown variant"):
     BACKEND.check(_problem(1, 2, 64, 64, 64), "nope", cfg)
 
@@ -226,10 +242,9 @@ def test_default_configs_pass_their_checks():
   for p in (_problem(1, 8, 16384, 4096, 14336), _problem(1, 64, 16384, 2048, 1408),
             _problem(1, 3, 40, 24, 40, BF16, F32), _problem(2, 4, 200, 64, 64, trans_rhs=True),
             _problem(1, 8, 16384, 4096, 14336, ragged_contracting=True),
-            _problem(1, 8, 4096, 1024, 2048, F32)):
+            _problem(1, 8, 4096, 1024, 2048, F32),
+            _problem(1, 8, 4096, 1024, 2048, F32, ragged_contracting=True)):
     for variant in BACKEND.variants:
-      if p.ragged_contracting and variant == "pipelined":
-        continue
       BACKEND.check(p, variant, BACKEND.default_config(p, variant))
     BACKEND.check(p, BACKEND.default_variant(p),
                   BACKEND.default_config(p, BACKEND.default_variant(p)))
@@ -241,19 +256,22 @@ def test_default_configs_pass_their_checks():
 
 @pytest.mark.parametrize("variant,mode", [("pipelined", "N"), ("pipelined", "T"),
                                           ("pipelined", "N-group-aligned"),
+                                          ("pipelined", "N-192"),
                                           ("grouped", "N"), ("grouped", "T"),
                                           ("grouped", "K"), ("pipelined", "F32"),
-                                          ("grouped", "F32")])
+                                          ("grouped", "F32"), ("grouped", "K-F32")])
 def test_lowers_for_the_gpu(variant, mode):
   """Each rung lowers to Mosaic GPU for sm_90a without a GPU: layout and transform
   inference run here, so what the interpreter accepts and the compiler refuses
   (a TMA row offset it cannot prove a multiple of 8, a C width off the 64-wide
   tiling) shows in CI. Lowering is not compiling: PTX and ptxas still need the GPU."""
-  p = _problem(1, 5, 1000, 320, 200, F32 if mode == "F32" else BF16, trans_rhs=mode == "T",
-               ragged_contracting=mode == "K")
+  p = _problem(1, 5, 1000, 320, 200, F32 if mode.endswith("F32") else BF16,
+               trans_rhs=mode == "T", ragged_contracting=mode.startswith("K"))
   config = BACKEND.default_config(p, variant)
   if mode.endswith("group-aligned"):
     config = dataclasses.replace(config, group_aligned=True)
+  if mode.endswith("192"):
+    config = dataclasses.replace(config, tile_m=192)
   BACKEND.check(p, variant, config)
   f = BACKEND.impl(p, variant, config, "cuda")
   args = (jax.ShapeDtypeStruct(p.lhs_shape, p.dtype), jax.ShapeDtypeStruct(p.rhs_shape, p.dtype),

@@ -9,15 +9,18 @@ Kernels live in `jaxgemm.kernels.pallas.ragged_dot`, two rungs:
 2. `grouped`: persistent, a producer warpgroup feeding two consumer
    warpgroups through one SMEM ring across all of a CTA's tiles. Ragged-M
    (`grouped.py`): row tiles start at each group's first row, so a group wastes
-   at most one partial tile. Ragged-K (`ragged_k.py`, the weight gradient):
-   out (K, N) tiles contracted over each group's row chunks, the chunks at a
-   group's edges masked in SMEM. Lowered for sm_90a on the CPU and run in the
+   at most one partial tile. Lowered for sm_90a on the CPU and run in the
    interpreter; not yet run on a GPU.
 
+The ragged-K form (the weight gradient, `ragged_k.py`) has one kernel, which
+either rung runs (a gradient carries the forward's variant): `grouped`'s
+structure, out (K, N) tiles contracted over each group's row chunks, the
+chunks at a group's edges masked in SMEM. Not yet run on a GPU either.
+
 Ragged-M takes both rhs layouts (forward rhs (G, K, N); data gradient rhs
-(G, N, K), `trans_rhs`); 16-bit operands, or float32 as TF32 (ragged-M only:
-rhs (G, K, N) is transposed once by XLA, TF32 wgmma reading K-major operands
-only); results in bf16, fp16 or fp32. Tiles
+(G, N, K), `trans_rhs`); 16-bit operands, or float32 as TF32 (TF32 wgmma reads
+K-major operands only: XLA transposes rhs (G, K, N) once, and both operands
+of the ragged-K form); results in bf16, fp16 or fp32. Tiles
 are mapped to groups on the device from the group bounds (small int32 tables
 made by XLA right before the launch, or read in-kernel); ragged rows are
 stored by a ladder of TMA stores, so tokens are never padded.
@@ -60,7 +63,8 @@ class RaggedDotPallasConfig(KernelConfig):
   """Tiling and scheduling of the Pallas grouped GEMM kernels.
 
   tile_m, tile_n, tile_k: the CTA's output tile and K step. `grouped` splits
-    tile_m between its two consumer warpgroups (tile_m >= 128).
+    tile_m between its two consumer warpgroups (128 or 256); `pipelined` also
+    takes 192 (one warpgroup's wgmma of 192 rows).
   max_concurrent_steps: pipeline stages (SMEM buffers per operand).
   grid_group: the tile walk: bands of `grid_group` N tiles, each walked along
     the row tiles (of all groups, in order) in a snake.
@@ -73,7 +77,8 @@ class RaggedDotPallasConfig(KernelConfig):
 
   backend = "pallas"
 
-  tile_m: int = power_of_two(64, 256, default=128)
+  tile_m: int = check(lambda v: v in (64, 128, 192, 256), "one of 64, 128, 192, 256",
+                      default=128)
   tile_n: int = power_of_two(64, 256, default=128)
   tile_k: int = power_of_two(32, 128, default=64)
   max_concurrent_steps: int = int_range(2, 8, default=4)
@@ -98,7 +103,7 @@ def smem_bytes(problem: RaggedDotProblem, variant: str,
   out_item = np.dtype(problem.out_dtype).itemsize
   stages = config.max_concurrent_steps
   parts = {"lhs": stages * tm * tk * item, "rhs": stages * tk * tn * item}
-  if variant == "grouped":
+  if variant == "grouped" or problem.ragged_contracting:
     # Two staging slots per consumer warpgroup, each (64, epi_tile_n).
     parts["out"] = 2 * 2 * _EPI_TILE_M * min(config.epi_tile_n, tn) * out_item
   else:
@@ -158,19 +163,11 @@ class PallasRaggedDot(registry.Backend):
     if variant not in VARIANTS:
       raise ValueError(f"unknown variant={variant!r} for backend='pallas' of ragged_dot; "
                        f"valid variants: {list(VARIANTS)}")
-    if problem.ragged_contracting and variant != "grouped":
-      raise NotImplementedError(
-          f"{what} runs the ragged-M forms only (out (B, M, N)); the ragged-K form "
-          f"(out (G, K, N), the weight gradient) runs on variant='grouped'")
     registry.require_dtypes(problem, what, _IN_DTYPES)
     if problem.fp32_precision not in (None, "tf32"):
       raise NotImplementedError(
           f"{what} multiplies float32 on TF32 tensor cores (precision DEFAULT); precision "
           f"HIGH or HIGHEST asks for {problem.fp32_precision!r}: use backend='triton' or 'xla'")
-    if problem.fp32_precision and problem.ragged_contracting:
-      raise NotImplementedError(
-          f"{what} runs float32 (TF32) in the ragged-M forms only; the ragged-K form "
-          f"(the weight gradient) of float32 runs on backend='triton' or 'xla'")
     if np.dtype(problem.out_dtype) not in tuple(map(np.dtype, _OUT_DTYPES)):
       raise NotImplementedError(
           f"{what} writes bfloat16, float16 or float32 results; got "
@@ -192,9 +189,12 @@ class PallasRaggedDot(registry.Backend):
     if tk < span:
       raise ValueError(f"{what}: tile_k={tk} must be >= {span} for "
                        f"{np.dtype(problem.dtype).name} operands (one 128-byte swizzle span)")
-    if variant == "grouped":
+    if variant == "grouped" or problem.ragged_contracting:
+      if tm == 192:
+        raise ValueError(f"{what} splits tile_m between two consumer warpgroups "
+                         f"in 64-row pieces: tile_m={tm} must be 128 or 256")
       if tm < 128:
-        raise ValueError(f"variant='grouped' splits tile_m between two consumer warpgroups "
+        raise ValueError(f"{what} splits tile_m between two consumer warpgroups "
                          f"of >= 64 rows each: tile_m={tm} must be >= 128")
       if tn % config.epi_tile_n and config.epi_tile_n < tn:
         raise ValueError(f"tile_n={tn} must be divisible by epi_tile_n={config.epi_tile_n}")
@@ -215,8 +215,8 @@ class PallasRaggedDot(registry.Backend):
     Tiny problems (the CPU interpreter) get the smallest tiles.
     """
     m, n, k = problem.m, problem.n, problem.k
-    if problem.ragged_contracting:   # out (K, N) tiles, contracted over row chunks
-      m, k = k, m
+    if problem.ragged_contracting:   # one kernel whichever rung: out (K, N) tiles
+      m, k, variant = k, m, "grouped"
     # K steps in bytes: a float32 (TF32) step of half the depth fills the same span.
     tk_min = 128 // np.dtype(problem.dtype).itemsize
     if variant == "grouped":
@@ -246,8 +246,12 @@ class PallasRaggedDot(registry.Backend):
       if all(cand != c for _, c in out):
         out.append(("grouped", cand))
     out.append(("grouped", dataclasses.replace(g, grid_group=16)))
-    if not problem.ragged_contracting:   # the measured rung with group-aligned slots
-      out.append(("pipelined", dataclasses.replace(out[1][1], group_aligned=True)))
+    if not problem.ragged_contracting:   # the measured rung: group-aligned slots, taller tiles
+      p = out[1][1]
+      out.append(("pipelined", dataclasses.replace(p, group_aligned=True)))
+      if problem.m >= 192:   # jax's ragged_dot_mgpu ran fastest so on G=8 (H100: 673 vs 606)
+        out.append(("pipelined", _fit(problem, "pipelined",
+                                      dataclasses.replace(p, tile_m=192))))
     return out
 
 

@@ -122,11 +122,11 @@ def store_rows(stage_smem, c_gmem, row0, col0, lo, size, max_rows: int):
 
   TMA boxes have static shapes, so the rows go out as a ladder: one box of
   each power of two <= max_rows whose bit is set in `size` (5 rows: 4 then
-  1). The stores are left uncommitted: the caller commits them as one group.
+  1; size < 2 * the largest, so its bits are enough). The stores are left uncommitted: the caller commits them as one group.
   """
   cols = stage_smem.shape[-1]
   off = lo
-  r = max_rows
+  r = 1 << (max_rows.bit_length() - 1)   # the largest power of two <= max_rows
   while r > c_gmem.shape[0]:   # no box taller than C (it could never be used)
     r //= 2
   while r >= 1:

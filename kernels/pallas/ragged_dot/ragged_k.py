@@ -13,7 +13,9 @@ a group's first and last chunks hold rows of its neighbours: on those two
 steps each consumer zeroes the rows outside the group in its half of lhs's
 chunk (SMEM -> registers -> SMEM, then a proxy fence for wgmma), and only
 then multiplies. An empty group takes no step and stores a zero block
-without reading anything.
+without reading anything. float32 runs as TF32, whose wgmma reads K-major
+operands only: both operands are then transposed once by XLA (M becomes their
+minor dimension) and the chunks are column blocks.
 """
 
 from __future__ import annotations
@@ -34,13 +36,20 @@ EPI_TILE_M = grouped.EPI_TILE_M
 
 def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr: int,
                     stages: int, epi_tn: int, grid_group: int, workers: int,
-                    interpret: bool):
+                    k_major: bool, interpret: bool):
+  """k_major=False (16-bit): a_gmem is lhs (B, M, K), d_gmem rhs (B, M, N), chunks
+  are rows; wgmma reads lhs's chunk transposed (MN-major). k_major=True (TF32,
+  which reads K-major only): a_gmem is lhs^T (B, K, M), d_gmem rhs^T (B, N, M),
+  chunks are columns."""
   batch, groups, k, n = c_gmem.shape
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
   m_tiles, n_tiles = common.cdiv(k, tm), common.cdiv(n, tn)
   half = tm // 2
-  # wgmma reads lhs's chunk (tr, half) transposed: A operand (half, tr).
-  swizzle = common.operand_swizzle(half, tn, tr, dtype, True, False)
+  # A operand (half, tr): lhs's chunk read transposed (16-bit) or as stored (TF32);
+  # B operand (tr, tn): rhs's chunk as stored (16-bit) or transposed (TF32).
+  swizzle = common.operand_swizzle(half, tn, tr, dtype, not k_major, k_major)
+  a_tile = (tm, tr) if k_major else (tr, tm)
+  b_tile = (tn, tr) if k_major else (tr, tn)
   worker = lax.axis_index("sm")
   total = batch * groups * m_tiles * n_tiles
   my_items = lax.div(total - worker + workers - 1, workers)
@@ -56,10 +65,10 @@ def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr
 
   @functools.partial(
       pl.run_scoped,
-      a_smem=plgpu.SMEM((stages, tr, tm), dtype,
-                        transforms=common.smem_transforms(tm, dtype, swizzle)),
-      b_smem=plgpu.SMEM((stages, tr, tn), dtype,
-                        transforms=common.smem_transforms(tn, dtype, swizzle)),
+      a_smem=plgpu.SMEM((stages, *a_tile), dtype,
+                        transforms=common.smem_transforms(a_tile[1], dtype, swizzle)),
+      b_smem=plgpu.SMEM((stages, *b_tile), dtype,
+                        transforms=common.smem_transforms(b_tile[1], dtype, swizzle)),
       loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       masked=plgpu.Barrier(num_arrivals=2),   # both consumers masked a boundary chunk
@@ -86,10 +95,11 @@ def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr
             plgpu.barrier_wait(consumed.at[slot])
 
           rows = pl.ds((c0 + ci) * tr, tr)
-          plgpu.copy_gmem_to_smem(a_gmem.at[b, rows, pl.ds(mi * tm, tm)], a_smem.at[slot],
-                                  loaded.at[slot])
-          plgpu.copy_gmem_to_smem(d_gmem.at[b, rows, pl.ds(ni * tn, tn)], b_smem.at[slot],
-                                  loaded.at[slot])
+          a_cols, d_cols = pl.ds(mi * tm, tm), pl.ds(ni * tn, tn)
+          a_block = a_gmem.at[b, a_cols, rows] if k_major else a_gmem.at[b, rows, a_cols]
+          d_block = d_gmem.at[b, d_cols, rows] if k_major else d_gmem.at[b, rows, d_cols]
+          plgpu.copy_gmem_to_smem(a_block, a_smem.at[slot], loaded.at[slot])
+          plgpu.copy_gmem_to_smem(d_block, b_smem.at[slot], loaded.at[slot])
 
         return step + steps
 
@@ -102,7 +112,7 @@ def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr
     @pl.when(wg < 2)
     def _consumers():
       plgpu.set_max_registers(grouped.CONSUMER_REGISTERS, action="increase")
-      cols = pl.ds(wg * half, half)
+      mine_idx = pl.ds(wg * half, half)   # this consumer's output rows: K indices
 
       def consume(j, carry):
         step, piece = carry
@@ -114,7 +124,7 @@ def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr
           def _chunk(ci):
             slot = lax.rem(step + ci, stages)
             plgpu.barrier_wait(loaded.at[slot])
-            mine = a_smem.at[slot, :, cols]
+            mine = a_smem.at[slot, mine_idx, :] if k_major else a_smem.at[slot, :, mine_idx]
             row0 = (c0 + ci) * tr
 
             @pl.when((row0 < s) | (row0 + tr > e))
@@ -126,8 +136,8 @@ def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr
               # (0 * inf). (Splitting rhs's rows between the consumers, 32
               # each, failed Mosaic GPU's layout inference.)
               def zero_outside(ref):
-                v = ref[...]
-                r = lax.broadcasted_iota(jnp.int32, v.shape, 0) + row0
+                v = ref[...]   # the chunk's rows of M run along dim 1 if k_major
+                r = lax.broadcasted_iota(jnp.int32, v.shape, 1 if k_major else 0) + row0
                 ref[...] = jnp.where((r >= s) & (r < e), v, jnp.zeros_like(v))
 
               zero_outside(mine)
@@ -140,7 +150,10 @@ def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr
               plgpu.barrier_arrive(masked)
               plgpu.barrier_wait(masked)
 
-            plgpu.wgmma(acc_ref, common.transposed(mine), b_smem.at[slot])
+            if k_major:
+              plgpu.wgmma(acc_ref, mine, common.transposed(b_smem.at[slot]))
+            else:
+              plgpu.wgmma(acc_ref, common.transposed(mine), b_smem.at[slot])
             plgpu.wgmma_wait(1)
 
             @pl.when(ci > 0)
@@ -184,17 +197,26 @@ def ragged_dot_k(lhs, rhs, group_sizes, *, m: int, k: int, n: int, out_dtype, ti
   batch, groups = bounds.shape[0], bounds.shape[2]
   out_dtype = jnp.dtype(out_dtype)
   span = common.col_multiple(lhs.dtype)
-  # Rows to 8 (TMA's row tile), K and N to the swizzle span (C's too: its
-  # staging is swizzled); C is sliced back when padded.
-  lhs = grouped._pad_axis(grouped._pad_axis(lhs, 1, grouped.ROW_ALIGN), 2, span)
-  rhs = grouped._pad_axis(grouped._pad_axis(rhs, 1, grouped.ROW_ALIGN), 2, span)
-  k_c, n_c = lhs.shape[2], common.round_up(rhs.shape[2], common.col_multiple(out_dtype))
-  n_c = max(n_c, rhs.shape[2])
+  k_major = jnp.dtype(lhs.dtype).itemsize == 4
+  if k_major:
+    # TF32 wgmma reads both operands K-major only (K here: the rows of M), so
+    # both are transposed once by XLA: lhs^T (B, K, M) and rhs^T (B, N, M), M
+    # padded to the span (chunks are column offsets, multiples of tile_k).
+    lhs = grouped._pad_axis(grouped._pad_axis(jnp.swapaxes(lhs, 1, 2), 1, span), 2, span)
+    rhs = grouped._pad_axis(grouped._pad_axis(jnp.swapaxes(rhs, 1, 2), 1, span), 2, span)
+    k_c, n_rhs = lhs.shape[1], rhs.shape[1]
+  else:
+    # Rows to 8 (TMA's row tile), K and N to the swizzle span.
+    lhs = grouped._pad_axis(grouped._pad_axis(lhs, 1, grouped.ROW_ALIGN), 2, span)
+    rhs = grouped._pad_axis(grouped._pad_axis(rhs, 1, grouped.ROW_ALIGN), 2, span)
+    k_c, n_rhs = lhs.shape[2], rhs.shape[2]
+  # C's staging is swizzled: its width a multiple of the out dtype's span.
+  n_c = max(common.round_up(n_rhs, common.col_multiple(out_dtype)), n_rhs)
   workers = common.num_sms(interpret)
   epi_tn = min(epi_tile_n, tile_n)
   body = functools.partial(
       ragged_k_kernel, tm=tile_m, tn=tile_n, tr=tile_k, stages=stages, epi_tn=epi_tn,
-      grid_group=grid_group, workers=workers, interpret=interpret)
+      grid_group=grid_group, workers=workers, k_major=k_major, interpret=interpret)
   out = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((batch, groups, k_c, n_c), out_dtype),
