@@ -223,11 +223,19 @@ def grouped_kernel(table_gmem, a_gmem, b_gmem, c_gmem, *, groups: int, slots: in
   worker = lax.axis_index("sm")
   my_items = _work_items(batch, slots, n_tiles, workers, worker)
 
-  def item(j):
-    bi, si, ni = common.tile_coords(worker + j * workers, slots, n_tiles, batch, False,
-                                    grid_group)
-    grp, rs, re = _slot(table_gmem, bi, si)
+  def coords(j):
+    # Clamped: the consumers read one item ahead, past their last.
+    lin = jnp.minimum(worker + j * workers, batch * slots * n_tiles - 1)
+    return common.tile_coords(lin, slots, n_tiles, batch, False, grid_group)
+
+  def item(j, slot_entry=None):
+    bi, si, ni = coords(j)
+    grp, rs, re = _slot(table_gmem, bi, si) if slot_entry is None else slot_entry
     return bi, ni, grp, rs, re, (rs < re) & (grp < groups)
+
+  def slot_entry(j):
+    bi, si, _ = coords(j)
+    return _slot(table_gmem, bi, si)
 
   @functools.partial(
       pl.run_scoped,
@@ -283,8 +291,11 @@ def grouped_kernel(table_gmem, a_gmem, b_gmem, c_gmem, *, groups: int, slots: in
       wg_rows = pl.ds(wg * consumer_rows, consumer_rows)
 
       def consume(j, carry):
-        step, piece = carry
-        bi, ni, grp, rs, re, mma = item(j)
+        # This item's slot entry was read one item ahead: the GMEM loads of the
+        # next one's are issued here and land while this tile runs.
+        step, piece, entry = carry
+        bi, ni, grp, rs, re, mma = item(j, entry)
+        next_entry = slot_entry(j + 1)
         tile0 = first_row(rs)
         # Per 64-row block of this consumer's rows: (first row, stored rows [lo, hi)).
         blocks, pieces = [], 0
@@ -337,9 +348,9 @@ def grouped_kernel(table_gmem, a_gmem, b_gmem, c_gmem, *, groups: int, slots: in
                   commit_stores()
               stored = stored + jnp.where(hi > lo, tn // epi_tn, 0)
 
-        return step + jnp.where(mma, k_iters, 0), piece + pieces
+        return step + jnp.where(mma, k_iters, 0), piece + pieces, next_entry
 
-      lax.fori_loop(0, my_items, consume, (jnp.int32(0), jnp.int32(0)))
+      lax.fori_loop(0, my_items, consume, (jnp.int32(0), jnp.int32(0), slot_entry(0)))
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
