@@ -198,9 +198,10 @@ def test_group_row_tiles(tile_m):
   sizes = np.stack([rng.multinomial(m - 37, rng.dirichlet([0.5] * groups)),
                     np.zeros(groups, int), [1] * groups, [0, 0, 0, 0, 1000, 0, 0, 0, 5]])
   bounds = schedule.group_bounds(jnp.asarray(sizes, jnp.int32), m)
-  table = jax.jit(grouped.group_row_tiles, static_argnums=(1, 2))(bounds, m, tile_m)
-  assert table.shape == (4, 3, grouped.group_num_slots(m, groups, tile_m))
-  _check_table(table, bounds, m, tile_m, grouped.ROW_ALIGN)
+  for align in (grouped.ROW_ALIGN, tile_m):
+    table = jax.jit(grouped.group_row_tiles, static_argnums=(1, 2, 3))(bounds, m, tile_m, align)
+    assert table.shape == (4, 3, grouped.group_num_slots(m, groups, tile_m, align))
+    _check_table(table, bounds, m, tile_m, align)
   # A sharded call's bounds: rows before the first group too.
   local = jnp.asarray([[[13, 40, 40], [40, 40, 700]]], jnp.int32)
   _check_table(grouped.group_row_tiles(local, m, tile_m), local, m, tile_m, grouped.ROW_ALIGN)

@@ -17,8 +17,8 @@ the staged tile goes out through a ladder of TMA stores of 64, 32, ..., 1 rows
 padded or copied and no other group's rows are touched.
 
 * `pipelined` (rung 1): one warpgroup per CTA, a `plgpu.emit_pipeline` over K
-  per tile; slots are tile_m-aligned row tiles (`schedule.row_tiles`), a tile
-  that a group boundary cuts being run once per group.
+  per tile; slots are tile_m-aligned row tiles by default, a tile that a group
+  boundary cuts being run once per group (`group_aligned=False`).
 * `grouped` (rung 2): a producer warpgroup issuing TMA loads into a ring of
   SMEM stages shared across all of the CTA's tiles, two consumer warpgroups
   (each half of the tile's rows) running wgmma, a piecewise epilogue through
@@ -63,19 +63,24 @@ CONSUMER_REGISTERS = (512 - PRODUCER_REGISTERS) // 2 // 8 * 8
 
 # ---------------------------------------------------------------- the slot table
 
-def group_num_slots(m: int, groups: int, tile_m: int) -> int:
-  """Static bound on `group_row_tiles`' slots: each of the G + 2 ranges (the groups
-  and the rows before and after them) of x rows takes ceil((x + 7) / tile_m) <=
-  (x + tile_m + 6) / tile_m tiles."""
-  return max(1, (m + (groups + 2) * (tile_m + ROW_ALIGN - 2)) // tile_m)
+def group_num_slots(m: int, groups: int, tile_m: int, align: int = ROW_ALIGN) -> int:
+  """Static bound on `group_row_tiles`' slots. Each of the G + 2 ranges (the groups
+  and the rows before and after them) of x rows takes ceil((x + align - 1) / tile_m)
+  tiles at most; tile-aligned ranges share tiles only at their G + 1 boundaries."""
+  if align == tile_m:
+    return -(-m // tile_m) + groups + 1
+  return max(1, (m + (groups + 2) * (tile_m + align - 2)) // tile_m)
 
 
-def group_row_tiles(bounds: jax.Array, m: int, tile_m: int) -> jax.Array:
-  """(B, 3, S) int32: the `grouped` rung's slots, tiles starting at each group's first row.
+def group_row_tiles(bounds: jax.Array, m: int, tile_m: int,
+                    align: int = ROW_ALIGN) -> jax.Array:
+  """(B, 3, S) int32: the slots, tiles starting at each group's first row rounded
+  down to `align` (8: TMA's row tile; tile_m: a fixed grid of row tiles, where a
+  tile cut by a group boundary runs once per group).
 
   `bounds` is `schedule.group_bounds`' (B, 2, G). Each range [s, e) (a group,
   or the rows in no group before or after them, labelled G: stored as zeros)
-  gets tiles at floor8(s) + j * tile_m, each storing its rows within [s, e).
+  gets tiles at s - s % align + j * tile_m, each storing its rows within [s, e).
   Slots past the last are (G, 0, 0): no work. A few tiny XLA ops, one fusion
   or two: compare-and-sum rather than cumsum or searchsorted.
   """
@@ -86,11 +91,11 @@ def group_row_tiles(bounds: jax.Array, m: int, tile_m: int) -> jax.Array:
                           jnp.full((batch, 1), m, jnp.int32)], axis=-1)
   labels = jnp.concatenate([jnp.array([groups]), jnp.arange(groups),
                             jnp.array([groups])]).astype(jnp.int32)
-  base = starts - starts % ROW_ALIGN
+  base = starts - starts % align
   tiles = jnp.where(ends > starts, (ends - base + tile_m - 1) // tile_m, 0)
   r = jnp.arange(groups + 2)
   slot_end = jnp.sum(jnp.where(r[:, None] <= r[None, :], tiles[:, :, None], 0), axis=1)
-  slots = jnp.arange(group_num_slots(m, groups, tile_m), dtype=jnp.int32)
+  slots = jnp.arange(group_num_slots(m, groups, tile_m, align), dtype=jnp.int32)
   # The range of each slot: how many inclusive ends are <= it.
   index = jnp.sum(slot_end[:, None, :] <= slots[None, :, None], axis=-1, dtype=jnp.int32)
   valid = index < groups + 2
@@ -399,8 +404,7 @@ def ragged_dot(lhs, rhs, group_sizes, *, m: int, n: int, trans_rhs: bool, out_dt
   tm, tn, tk = tile_m, tile_n, tile_k
   k_iters = common.cdiv(k, tk)
   stages = max(2, min(stages, k_iters))
-  table = (group_row_tiles(bounds, m, tm) if group_aligned
-           else schedule.row_tiles(bounds, m, tm))
+  table = group_row_tiles(bounds, m, tm, ROW_ALIGN if group_aligned else tm)
   if variant == "pipelined":
     body = functools.partial(
         pipelined_kernel, groups=groups, slots=table.shape[-1], k=k, tm=tm, tn=tn, tk=tk,
