@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +45,9 @@ from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 VARIANTS = ("pipelined", "grouped")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
 _EPI_TILE_M = 64                    # rows of a `grouped` epilogue piece
-_INTERPRETER_LOCK = threading.Lock()
+# One interpreted Mosaic GPU kernel at a time, whichever op: the interpreter
+# simulates one GPU's shared state (the matmul backend's lock).
+from jaxgemm.ops.matmul.pallas import _INTERPRETER_LOCK  # noqa: E402
 # float32 runs as TF32 (precision DEFAULT), ragged-M only: TF32 wgmma reads both
 # operands K-major, so rhs (G, K, N) is transposed once by XLA; ragged-K would need
 # both operands transposed.
