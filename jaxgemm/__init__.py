@@ -16,7 +16,8 @@ from jaxgemm.config import KernelConfig
 from jaxgemm.dispatch import KernelFallbackWarning
 from jaxgemm.ops.matmul import (GemmProblem, PallasConfig, TritonConfig, XlaConfig,
                                 dot_general, matmul, matmul_p)
-from jaxgemm.ops.ragged_dot import (RaggedDotProblem, XlaRaggedDotConfig, ragged_dot,
+from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,
+                                    RaggedDotTritonConfig, XlaRaggedDotConfig, ragged_dot,
                                     ragged_dot_general, ragged_dot_p)
 from jaxgemm.registry import backends, variants
 from jaxgemm.tuning import autotune, problems_in
@@ -26,7 +27,9 @@ __all__ = [
     "KernelConfig",
     "KernelFallbackWarning",
     "PallasConfig",
+    "RaggedDotPallasConfig",
     "RaggedDotProblem",
+    "RaggedDotTritonConfig",
     "TritonConfig",
     "XlaConfig",
     "XlaRaggedDotConfig",

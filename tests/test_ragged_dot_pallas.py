@@ -82,7 +82,8 @@ def _run(problem, sizes, variant, config=None, *, seed=0, nan_outside=True):
   config = config or TINY[variant]
   BACKEND.check(problem, variant, config)
   out = jax.jit(BACKEND.impl(problem, variant, config, "cpu"))(
-      jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes))
+      jnp.asarray(lhs), jnp.asarray(rhs),
+      schedule.group_bounds(jnp.asarray(group_sizes), problem.m))
   assert out.shape == problem.out_shape and out.dtype == problem.out_dtype
   assert_gemm_close(out, ref, bound, tolerance(problem.dtype, problem.out_dtype),
                     f"{variant} {problem.describe()} sizes={np.asarray(sizes).tolist()}")
@@ -165,48 +166,6 @@ def test_default_configs_on_a_larger_problem(variant):
   _run(p, [100, 3, 0, 250, 160], variant, BACKEND.default_config(p, variant))
 
 
-# ----------------------------------------------------------------- slot tables
-
-def _check_table(table, bounds, m, tile_m, align):
-  """Every row in [0, m) is stored by exactly one slot, of its own group (G: no group),
-  within one tile of tile_m rows starting on `align` rows; an empty group has no slot."""
-  table, bounds = np.asarray(table), np.asarray(bounds)
-  groups = bounds.shape[-1]
-  for b in range(table.shape[0]):
-    owner = np.full(m, groups)
-    for g in range(groups):
-      owner[bounds[b, 0, g]:bounds[b, 1, g]] = g
-    covered = np.zeros(m, int)
-    for grp, rs, re in table[b].T:
-      if rs >= re:
-        continue
-      covered[rs:re] += 1
-      assert (owner[rs:re] == grp).all(), (b, grp, rs, re)
-      tile0 = rs - rs % align
-      assert re - tile0 <= tile_m, (b, grp, rs, re)
-    assert (covered == 1).all(), (b, np.nonzero(covered != 1)[0][:10])
-    used = {int(g) for g, rs, re in table[b].T if rs < re}
-    empty = {g for g in range(groups) if bounds[b, 1, g] <= bounds[b, 0, g]}
-    assert not used & empty
-
-
-@pytest.mark.parametrize("tile_m", [64, 128, 256])
-def test_group_row_tiles(tile_m):
-  from jaxgemm.kernels.pallas.ragged_dot import grouped
-  rng = np.random.default_rng(tile_m)
-  m, groups = 1000, 9
-  sizes = np.stack([rng.multinomial(m - 37, rng.dirichlet([0.5] * groups)),
-                    np.zeros(groups, int), [1] * groups, [0, 0, 0, 0, 1000, 0, 0, 0, 5]])
-  bounds = schedule.group_bounds(jnp.asarray(sizes, jnp.int32), m)
-  for align in (grouped.ROW_ALIGN, tile_m):
-    table = jax.jit(grouped.group_row_tiles, static_argnums=(1, 2, 3))(bounds, m, tile_m, align)
-    assert table.shape == (4, 3, grouped.group_num_slots(m, groups, tile_m, align))
-    _check_table(table, bounds, m, tile_m, align)
-  # A sharded call's bounds: rows before the first group too.
-  local = jnp.asarray([[[13, 40, 40], [40, 40, 700]]], jnp.int32)
-  _check_table(grouped.group_row_tiles(local, m, tile_m), local, m, tile_m, grouped.ROW_ALIGN)
-
-
 # ----------------------------------------------------------------- checks
 
 def test_check_refuses_what_the_kernels_do_not_run():
@@ -276,6 +235,6 @@ def test_lowers_for_the_gpu(variant, mode):
   BACKEND.check(p, variant, config)
   f = BACKEND.impl(p, variant, config, "cuda")
   args = (jax.ShapeDtypeStruct(p.lhs_shape, p.dtype), jax.ShapeDtypeStruct(p.rhs_shape, p.dtype),
-          jax.ShapeDtypeStruct(p.group_sizes_shape, jnp.int32))
+          jax.ShapeDtypeStruct(p.group_bounds_shape, jnp.int32))
   text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text

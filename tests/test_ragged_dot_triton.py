@@ -19,6 +19,7 @@ from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
 
 triton = pytest.importorskip("triton")
 from jaxgemm.kernels.triton.ragged_dot import grouped  # noqa: E402
+from jaxgemm.ops.ragged_dot import schedule  # noqa: E402
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem  # noqa: E402
 from jaxgemm.ops.ragged_dot.triton import (  # noqa: E402
     RaggedDotTritonConfig, TritonRaggedDot)
@@ -74,7 +75,8 @@ def _run(problem, sizes, config=TINY, *, seed=0, nan_outside=False):
         rhs[b, group_sizes[b] <= 0] = np.nan
   BACKEND.check(problem, "grouped", config)
   out = jax.jit(BACKEND.impl(problem, "grouped", config, "cpu"))(
-      jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes))
+      jnp.asarray(lhs), jnp.asarray(rhs),
+      schedule.group_bounds(jnp.asarray(group_sizes), problem.m))
   assert out.shape == problem.out_shape and out.dtype == problem.out_dtype
   tol = tolerance(problem.dtype, problem.out_dtype,
                   problem.precision[0] if problem.precision else None)
@@ -154,7 +156,7 @@ def test_default_config_runs(ragged_contracting):
 def test_empty_problem_launches_nothing():
   problem = _problem(1, 2, 0, 16, 16, F32)
   out = BACKEND.impl(problem, "grouped", TINY, "cpu")(
-      jnp.zeros(problem.lhs_shape), jnp.ones(problem.rhs_shape), jnp.zeros((1, 2), jnp.int32))
+      jnp.zeros(problem.lhs_shape), jnp.ones(problem.rhs_shape), jnp.zeros((1, 2, 2), jnp.int32))
   assert out.shape == (1, 0, 16)
 
 
@@ -239,40 +241,6 @@ def test_persistent(mode):
   _run(_problem(2, 4, 45, 40, 24, BF16, trans_rhs=mode == "ragged-M-trans",
                 ragged_contracting=mode == "ragged-K"),
        [[10, 0, 1, 30], [3, 17, 0, 20]], PERSISTENT, nan_outside=True)
-
-
-def test_group_row_tiles_cover_each_group_from_its_first_row():
-  """The ragged-M schedule: every row in exactly one slot, a group of r rows in
-  ceil(r / block_m) slots starting at its first row, within the static slot count."""
-  rng = np.random.default_rng(3)
-  tables = jax.jit(grouped.group_row_tiles, static_argnums=(1, 2))
-  for trial in range(60):
-    (m, groups), block_m = [(37, 1), (150, 5), (96, 8)][trial % 3], 16
-    sizes = rng.integers(0, 2 * m // groups + 2, size=(1, groups)).astype(np.int32)
-    if trial % 4 == 0:   # a device's share: rows before the first group too
-      bounds = np.sort(rng.integers(0, m + 1, size=2 * groups)).reshape(groups, 2).T[None]
-      bounds = np.stack([bounds[:, 0], np.maximum(bounds[:, 0], bounds[:, 1])], 1)
-      bounds[:, 0, 1:] = bounds[:, 1, :-1]          # contiguous groups
-    else:
-      ends = np.minimum(np.cumsum(sizes, -1), m)
-      bounds = np.stack([np.concatenate([[[0]], ends[:, :-1]], -1), ends], 1)
-    table = np.asarray(tables(jnp.asarray(bounds, jnp.int32), m, block_m))[0]
-    assert table.shape[-1] == grouped.num_group_slots(m, groups, block_m)
-    owner = np.full(m, -1)
-    for group, start, end in table.T:
-      assert 0 <= end - start <= block_m
-      for row in range(start, end):
-        assert owner[row] == -1, f"row {row} in two slots"
-        owner[row] = group
-    expected = np.full(m, groups)
-    for g in range(groups):
-      s, e = bounds[0, :, g]
-      expected[s:e] = g
-      used = table[:, (table[0] == g) & (table[2] > table[1])]
-      assert used.shape[1] == -(-(e - s) // block_m)
-      if e > s:
-        assert used[1].min() == s
-    np.testing.assert_array_equal(owner, expected)
 
 
 def test_structural_win_only_where_measured():

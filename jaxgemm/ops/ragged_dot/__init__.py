@@ -13,11 +13,13 @@ Importing this package registers the op and its backends, in preference order.
 """
 
 from jaxgemm.ops.ragged_dot import primitive  # noqa: F401 (registers the op first)
-from jaxgemm.ops.ragged_dot import xla  # noqa: F401 (backends, in this order)
+from jaxgemm.ops.ragged_dot import xla, triton, pallas  # noqa: F401 (backends, in this order)
 from jaxgemm.ops.ragged_dot.api import ragged_dot, ragged_dot_general
 from jaxgemm.ops.ragged_dot.primitive import ragged_dot_p
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
+from jaxgemm.ops.ragged_dot.pallas import RaggedDotPallasConfig
+from jaxgemm.ops.ragged_dot.triton import RaggedDotTritonConfig
 from jaxgemm.ops.ragged_dot.xla import XlaRaggedDotConfig
 
-__all__ = ["RaggedDotProblem", "XlaRaggedDotConfig", "ragged_dot", "ragged_dot_general",
+__all__ = ["RaggedDotPallasConfig", "RaggedDotProblem", "RaggedDotTritonConfig", "XlaRaggedDotConfig", "ragged_dot", "ragged_dot_general",
            "ragged_dot_p"]

@@ -263,20 +263,19 @@ class PallasRaggedDot(registry.Backend):
                                 f"interpreter), not {platform!r}")
     interpret = platform == "cpu"
 
-    def pallas_ragged_dot(lhs, rhs, group_sizes):
-      """`group_sizes`: (B, G) sizes or (B, 2, G) row bounds (`schedule.group_bounds`)."""
+    def pallas_ragged_dot(lhs, rhs, group_bounds):
       if problem.is_empty:   # nothing to multiply (G, M, N or K is 0): zeros, no launch
         return jnp.zeros(problem.out_shape, problem.out_dtype)
       if problem.ragged_contracting:
         ragged_k = importlib.import_module(_RAGGED_K_MODULE)   # needs Mosaic GPU
         return ragged_k.ragged_dot_k(
-            lhs, rhs, group_sizes.astype(jnp.int32), m=problem.m, k=problem.k, n=problem.n,
+            lhs, rhs, group_bounds, m=problem.m, k=problem.k, n=problem.n,
             out_dtype=problem.out_dtype, tile_m=config.tile_m, tile_n=config.tile_n,
             tile_k=config.tile_k, stages=config.max_concurrent_steps,
             epi_tile_n=config.epi_tile_n, grid_group=config.grid_group, interpret=interpret)
       kernels = importlib.import_module(_KERNEL_MODULE)   # needs Mosaic GPU
       return kernels.ragged_dot(
-          lhs, rhs, group_sizes.astype(jnp.int32), m=problem.m, n=problem.n,
+          lhs, rhs, group_bounds, m=problem.m, n=problem.n,
           trans_rhs=problem.trans_rhs, out_dtype=problem.out_dtype, variant=variant,
           tile_m=config.tile_m, tile_n=config.tile_n, tile_k=config.tile_k,
           stages=config.max_concurrent_steps, epi_tile_n=config.epi_tile_n,
@@ -290,14 +289,14 @@ class PallasRaggedDot(registry.Backend):
     # its own and called from a pure callback.
     run = jax.jit(pallas_ragged_dot)
 
-    def on_host(lhs, rhs, group_sizes):
+    def on_host(lhs, rhs, group_bounds):
       with _INTERPRETER_LOCK:
-        return np.asarray(run(lhs, rhs, group_sizes))
+        return np.asarray(run(lhs, rhs, group_bounds))
 
-    def interpreted(lhs, rhs, group_sizes):
+    def interpreted(lhs, rhs, group_bounds):
       return jax.pure_callback(
           on_host, jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype),
-          lhs, rhs, group_sizes)
+          lhs, rhs, group_bounds)
 
     return interpreted
 

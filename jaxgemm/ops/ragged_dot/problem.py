@@ -62,8 +62,8 @@ class RaggedDotProblem(Problem):
     return (self.batch, self.groups, self.k, self.n)
 
   @property
-  def group_sizes_shape(self) -> tuple[int, int]:
-    return (self.batch, self.groups)
+  def group_bounds_shape(self) -> tuple[int, int, int]:
+    return (self.batch, 2, self.groups)
 
   @property
   def out_shape(self) -> tuple[int, ...]:

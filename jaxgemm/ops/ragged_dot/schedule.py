@@ -12,13 +12,16 @@ a device of an expert- or token-sharded call sees the ranges of its own
 groups within its own rows (`local_bounds`).
 
 `row_tiles` (ragged-M kernels) has one entry per *slot* of a grid axis of
-static length `num_slots(m, groups, block_m)`. A slot is one (group,
-block_m-aligned row tile) pair with rows [row_start, row_end): a tile that a
-group boundary cuts in two is run twice, once per group, each run storing only
-its own rows. The rows in no group form two pseudo-groups numbered G, which
-the kernel stores as zeros without reading anything. Slots past the last
-tile have row_start == row_end: the kernel returns at once. An empty group
-gets no slot, so its weights are never read.
+static length `num_slots(m, groups, block_m, align)`: a tile of at most
+block_m rows of one group, [row_start, row_end). Each group's tiles start at
+its first row rounded down to `align` (1: anywhere, as Triton's masked loads
+take; 8: a TMA box's row tile; block_m: a fixed grid of row tiles, where a
+tile cut by a group boundary runs once per group), each storing only its own
+rows, so a group of r rows runs about r / block_m tiles whatever its offset.
+The rows in no group (before the first group, after the last) form two
+pseudo-groups numbered G, which the kernel stores as zeros without reading
+anything. Slots past the last tile have row_start == row_end: the kernel
+returns at once. An empty group gets no slot, so its weights are never read.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ import jax.numpy as jnp
 GROUP, ROW_START, ROW_END = 0, 1, 2
 
 
-def num_slots(m: int, groups: int, block_m: int) -> int:
-  """Static length of the slot axis: every row tile once, plus one per boundary that
-  can cut a tile (G groups between two pseudo-groups have G + 1 boundaries)."""
-  return -(-m // block_m) + groups + 1
+def num_slots(m: int, groups: int, block_m: int, align: int = 1) -> int:
+  """Static length of the slot axis: the G + 2 ranges (groups and the rows in none) of
+  x rows each take ceil((x + align - 1) / block_m) tiles at most."""
+  return max(1, (m + (groups + 2) * (block_m + align - 2)) // block_m)
 
 
 def group_bounds(group_sizes: jax.Array, m: int) -> jax.Array:
@@ -53,25 +56,32 @@ def local_bounds(bounds: jax.Array, first_group, groups: int, first_row, rows: i
   return jnp.clip(mine - first_row, 0, rows).astype(jnp.int32)
 
 
-def row_tiles(bounds: jax.Array, m: int, block_m: int) -> jax.Array:
-  """(B, 3, num_slots) int32: each slot's group, first row and end row (module doc)."""
+def row_tiles(bounds: jax.Array, m: int, block_m: int, align: int = 1) -> jax.Array:
+  """(B, 3, num_slots) int32: each slot's group, first row and end row (module doc).
+
+  A few elementwise ops and sums over (slots x ranges), which XLA fuses into one
+  or two small kernels: a cumsum and a searchsorted here took 25 us before a
+  270 us grouped GEMM on the H100 (research/ragged_dot/README.md).
+  """
   batch, _, groups = bounds.shape
-  zeros_before = jnp.zeros((batch, 1), jnp.int32)
-  # Pseudo-groups: [0, first group's start) first, [last group's end, m) last.
-  starts = jnp.concatenate([zeros_before, bounds[:, 0], bounds[:, 1, -1:]], axis=-1)
+  # The ranges: [0, first group's start), the G groups, [last group's end, m).
+  starts = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), bounds[:, 0],
+                            bounds[:, 1, -1:]], axis=-1)                     # (B, G + 2)
   ends = jnp.concatenate([bounds[:, 0, :1], bounds[:, 1],
-                          jnp.full((batch, 1), m, jnp.int32)], axis=-1)      # (B, G + 2)
-  labels = jnp.concatenate([jnp.array([groups]), jnp.arange(groups), jnp.array([groups])])
-  first_tile = starts // block_m
-  tiles = jnp.where(ends > starts, -(-ends // block_m) - first_tile, 0)
-  slot_end = jnp.cumsum(tiles, axis=-1)                                         # inclusive
-  slots = jnp.arange(num_slots(m, groups, block_m), dtype=jnp.int32)
-  # The range of each slot: the first whose inclusive end exceeds it.
-  index = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(slot_end)
+                          jnp.full((batch, 1), m, jnp.int32)], axis=-1)
+  labels = jnp.concatenate([jnp.array([groups]), jnp.arange(groups),
+                            jnp.array([groups])]).astype(jnp.int32)
+  base = starts - starts % align
+  tiles = jnp.where(ends > starts, (ends - base + block_m - 1) // block_m, 0)
+  r = jnp.arange(groups + 2)
+  slot_end = jnp.sum(jnp.where(r[:, None] <= r[None, :], tiles[:, :, None], 0), axis=1)
+  slots = jnp.arange(num_slots(m, groups, block_m, align), dtype=jnp.int32)
+  # The range of each slot: how many ranges' inclusive slot ends are <= it.
+  index = jnp.sum(slot_end[:, None, :] <= slots[None, :, None], axis=-1, dtype=jnp.int32)
   valid = index < groups + 2
   index = jnp.minimum(index, groups + 1)
   take = lambda x: jnp.take_along_axis(x, index, axis=-1)
-  tile = take(first_tile) + slots - (take(slot_end) - take(tiles))
-  row_start = jnp.where(valid, jnp.maximum(tile * block_m, take(starts)), 0)
-  row_end = jnp.where(valid, jnp.minimum((tile + 1) * block_m, take(ends)), 0)
+  tile_start = take(base) + (slots[None, :] - (take(slot_end) - take(tiles))) * block_m
+  row_start = jnp.where(valid, jnp.maximum(tile_start, take(starts)), 0)
+  row_end = jnp.where(valid, jnp.minimum(tile_start + block_m, take(ends)), 0)
   return jnp.stack([labels[index], row_start, row_end], axis=-2).astype(jnp.int32)

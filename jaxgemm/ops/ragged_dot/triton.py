@@ -220,8 +220,8 @@ class TritonRaggedDot(registry.Backend):
 
   def impl(self, problem: RaggedDotProblem, variant: str, config: KernelConfig, platform: str):
     grouped = importlib.import_module("jaxgemm.kernels.triton.ragged_dot.grouped")
-    return lambda lhs, rhs, group_sizes: grouped.ragged_dot(
-        lhs, rhs, group_sizes, problem, config, platform)
+    return lambda lhs, rhs, group_bounds: grouped.ragged_dot(
+        lhs, rhs, group_bounds, problem, config, platform)
 
 
 registry.register(TritonRaggedDot())

@@ -24,7 +24,7 @@ padded or copied and no other group's rows are touched.
   (each half of the tile's rows) running wgmma, a piecewise epilogue through
   two staging slots per consumer. Slots start at each group's first row
   (rounded down to 8, TMA's tile of rows), so a group wastes at most one
-  partial tile instead of one per boundary (`group_row_tiles`).
+  partial tile instead of one per boundary (`schedule.row_tiles` with align 8).
 
 Measured (H100, jax 0.11.2, CUPTI median of 10, bf16, Dirichlet(2) group
 sizes, research/ragged_dot/pallas_probe.log): `pipelined` 128x128x64 in 4
@@ -62,50 +62,6 @@ CONSUMER_REGISTERS = (512 - PRODUCER_REGISTERS) // 2 // 8 * 8
 
 
 # ---------------------------------------------------------------- the slot table
-
-def group_num_slots(m: int, groups: int, tile_m: int, align: int = ROW_ALIGN) -> int:
-  """Static bound on `group_row_tiles`' slots. Each of the G + 2 ranges (the groups
-  and the rows before and after them) of x rows takes ceil((x + align - 1) / tile_m)
-  tiles at most; tile-aligned ranges share tiles only at their G + 1 boundaries."""
-  if align == tile_m:
-    return -(-m // tile_m) + groups + 1
-  return max(1, (m + (groups + 2) * (tile_m + align - 2)) // tile_m)
-
-
-def group_row_tiles(bounds: jax.Array, m: int, tile_m: int,
-                    align: int = ROW_ALIGN) -> jax.Array:
-  """(B, 3, S) int32: the slots, tiles starting at each group's first row rounded
-  down to `align` (8: TMA's row tile; tile_m: a fixed grid of row tiles, where a
-  tile cut by a group boundary runs once per group).
-
-  `bounds` is `schedule.group_bounds`' (B, 2, G). Each range [s, e) (a group,
-  or the rows in no group before or after them, labelled G: stored as zeros)
-  gets tiles at s - s % align + j * tile_m, each storing its rows within [s, e).
-  Slots past the last are (G, 0, 0): no work. A few tiny XLA ops, one fusion
-  or two: compare-and-sum rather than cumsum or searchsorted.
-  """
-  batch, _, groups = bounds.shape
-  starts = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), bounds[:, 0],
-                            bounds[:, 1, -1:]], axis=-1)                    # (B, G + 2)
-  ends = jnp.concatenate([bounds[:, 0, :1], bounds[:, 1],
-                          jnp.full((batch, 1), m, jnp.int32)], axis=-1)
-  labels = jnp.concatenate([jnp.array([groups]), jnp.arange(groups),
-                            jnp.array([groups])]).astype(jnp.int32)
-  base = starts - starts % align
-  tiles = jnp.where(ends > starts, (ends - base + tile_m - 1) // tile_m, 0)
-  r = jnp.arange(groups + 2)
-  slot_end = jnp.sum(jnp.where(r[:, None] <= r[None, :], tiles[:, :, None], 0), axis=1)
-  slots = jnp.arange(group_num_slots(m, groups, tile_m, align), dtype=jnp.int32)
-  # The range of each slot: how many inclusive ends are <= it.
-  index = jnp.sum(slot_end[:, None, :] <= slots[None, :, None], axis=-1, dtype=jnp.int32)
-  valid = index < groups + 2
-  index = jnp.minimum(index, groups + 1)
-  take = lambda x: jnp.take_along_axis(x, index, axis=-1)
-  tile_start = take(base) + (slots[None, :] - (take(slot_end) - take(tiles))) * tile_m
-  row_start = jnp.where(valid, jnp.maximum(tile_start, take(starts)), 0)
-  row_end = jnp.where(valid, jnp.minimum(tile_start + tile_m, take(ends)), 0)
-  return jnp.stack([labels[index], row_start, row_end], axis=-2).astype(jnp.int32)
-
 
 def first_row(row_start):
   """The tile's first row: `row_start` rounded down to 8, written as a product so
@@ -370,18 +326,14 @@ def _pad_axis(x, axis: int, multiple: int):
   return jnp.pad(x, widths)
 
 
-def ragged_dot(lhs, rhs, group_sizes, *, m: int, n: int, trans_rhs: bool, out_dtype,
+def ragged_dot(lhs, rhs, group_bounds, *, m: int, n: int, trans_rhs: bool, out_dtype,
                variant: str, tile_m: int, tile_n: int, tile_k: int, stages: int,
                epi_tile_n: int, grid_group: int, group_aligned: bool,
                interpret: bool = False):
   """out (B, M, N) = ragged-M grouped GEMM of lhs (B, M, K) and rhs (B, G, K, N)
-  (or (B, G, N, K) with trans_rhs). `group_sizes`: (B, G) sizes, or (B, 2, G)
-  each group's [start, end) rows (`schedule.group_bounds`); rows in no group
-  are zeros."""
-  if group_sizes.ndim == 3:
-    bounds = group_sizes.astype(jnp.int32)
-  else:
-    bounds = schedule.group_bounds(group_sizes, m)
+  (or (B, G, N, K) with trans_rhs). `group_bounds`: (B, 2, G), each group's
+  [start, end) rows (`schedule.group_bounds`); rows in no group are zeros."""
+  bounds = group_bounds
   batch, groups = bounds.shape[0], bounds.shape[2]
   out_dtype = jnp.dtype(out_dtype)
   if jnp.dtype(lhs.dtype).itemsize == 4 and not trans_rhs:
@@ -404,7 +356,7 @@ def ragged_dot(lhs, rhs, group_sizes, *, m: int, n: int, trans_rhs: bool, out_dt
   tm, tn, tk = tile_m, tile_n, tile_k
   k_iters = common.cdiv(k, tk)
   stages = max(2, min(stages, k_iters))
-  table = group_row_tiles(bounds, m, tm, ROW_ALIGN if group_aligned else tm)
+  table = schedule.row_tiles(bounds, m, tm, ROW_ALIGN if group_aligned else tm)
   if variant == "pipelined":
     body = functools.partial(
         pipelined_kernel, groups=groups, slots=table.shape[-1], k=k, tm=tm, tn=tn, tk=tk,

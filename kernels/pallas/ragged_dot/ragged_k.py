@@ -186,14 +186,12 @@ def ragged_k_kernel(bounds_gmem, a_gmem, d_gmem, c_gmem, *, tm: int, tn: int, tr
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
-def ragged_dot_k(lhs, rhs, group_sizes, *, m: int, k: int, n: int, out_dtype, tile_m: int,
+def ragged_dot_k(lhs, rhs, group_bounds, *, m: int, k: int, n: int, out_dtype, tile_m: int,
                  tile_n: int, tile_k: int, stages: int, epi_tile_n: int, grid_group: int,
                  interpret: bool = False):
   """out (B, G, K, N): out[b, g] = lhs[b, rows g]^T @ rhs[b, rows g]; lhs (B, M, K),
-  rhs (B, M, N); `group_sizes` (B, G) sizes or (B, 2, G) row bounds."""
-  from jaxgemm.ops.ragged_dot import schedule  # noqa: PLC0415
-  bounds = (group_sizes.astype(jnp.int32) if group_sizes.ndim == 3
-            else schedule.group_bounds(group_sizes, m))
+  rhs (B, M, N); `group_bounds` (B, 2, G), each group's [start, end) rows."""
+  bounds = group_bounds
   batch, groups = bounds.shape[0], bounds.shape[2]
   out_dtype = jnp.dtype(out_dtype)
   span = common.col_multiple(lhs.dtype)

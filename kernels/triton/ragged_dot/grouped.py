@@ -8,7 +8,7 @@ XLA ops just before the launch from the groups' row ranges
 * `ragged_m_kernel` (forward; the lhs gradient is the same kernel with the
   weights transposed): grid (num_group_slots * tiles_n, B). A slot is one
   tile of up to block_m rows of one group, [row_start, row_end), read from
-  the (B, 3, S) `group_row_tiles` table: each group's tiles start at its own
+  the (B, 3, S) `schedule.row_tiles` table: each group's tiles start at its own
   first row, so a group of r rows runs ceil(r / block_m) tiles (rows past
   row_end in a tile are the next group's: computed, not stored). The rows in
   no group (pseudo-group G) are stored as zeros, nothing read; unused slots
@@ -266,47 +266,11 @@ def _dot_precision(problem) -> str:
   return problem.fp32_precision or "tf32"   # 16-bit operands ignore it
 
 
-def num_group_slots(m: int, groups: int, block_m: int) -> int:
-  """Static length of `group_row_tiles`' slot axis: the G groups and the two ranges of
-  rows in no group (before the first, after the last) take ceil(rows / block_m)
-  tiles each, at most floor(m / block_m) + G + 2 together."""
-  return -(-m // block_m) + groups + 2
-
-
-def group_row_tiles(bounds: jax.Array, m: int, block_m: int) -> jax.Array:
-  """(B, 3, num_group_slots) int32: each slot's group, first row and end row.
-
-  As `schedule.row_tiles`, but each group's tiles start at the group's own first
-  row instead of at a multiple of block_m: a group of r rows takes
-  ceil(r / block_m) tiles, never more than the ceil(end / block_m) -
-  floor(start / block_m) of block_m-aligned tiles (a G=64 layer with 256 rows
-  per group on average runs about 160 tiles of 128 rows instead of 192). The
-  rows in no group (before the first group, after the last) are pseudo-group G,
-  stored as zeros; slots past the last tile have row_start == row_end == 0.
-  """
-  batch, _, groups = bounds.shape
-  bounds = bounds.astype(jnp.int32)
-  starts = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), bounds[:, 0],
-                            bounds[:, 1, -1:]], axis=-1)                       # (B, G + 2)
-  ends = jnp.concatenate([bounds[:, 0, :1], bounds[:, 1],
-                          jnp.full((batch, 1), m, jnp.int32)], axis=-1)
-  labels = jnp.concatenate([jnp.array([groups]), jnp.arange(groups),
-                            jnp.array([groups])]).astype(jnp.int32)
-  tiles = -(-jnp.maximum(ends - starts, 0) // block_m)
-  slot_end = jnp.cumsum(tiles, axis=-1)                                         # inclusive
-  slots = jnp.arange(num_group_slots(m, groups, block_m), dtype=jnp.int32)
-  index = jax.vmap(lambda e: jnp.searchsorted(e, slots, side="right"))(slot_end)
-  valid = index < groups + 2
-  index = jnp.minimum(index, groups + 1)
-  take = lambda x: jnp.take_along_axis(x, index, axis=-1)
-  row_start = take(starts) + (slots - (take(slot_end) - take(tiles))) * block_m
-  row_end = jnp.minimum(row_start + block_m, take(ends))
-  row_start = jnp.where(valid, row_start, 0)
-  row_end = jnp.where(valid, row_end, 0)
-  return jnp.stack([labels[index], row_start, row_end], axis=-2).astype(jnp.int32)
-
-
 DEFAULT_NUM_SMS = 132   # H100/H200, where the device cannot be asked
+# Each group's row tiles start at its first row: masked loads take any row, so
+# a group of r rows runs ceil(r / block_m) tiles (a G=64 layer with 256 rows per
+# group on average: about 160 tiles of 128 rows where block_m-aligned tiles run 192).
+ROW_ALIGN = 1
 
 
 def num_sms(platform: str) -> int:
@@ -317,8 +281,8 @@ def num_sms(platform: str) -> int:
 
 
 def ragged_m_launch(problem, config, platform) -> triton_call.Launch:
-  """The launch of the ragged-M kernel; its operands are (lhs, rhs, group_row_tiles table)."""
-  slots = num_group_slots(problem.m, problem.groups, config.block_m)
+  """The launch of the ragged-M kernel; its operands are (lhs, rhs, `schedule.row_tiles`)."""
+  slots = schedule.num_slots(problem.m, problem.groups, config.block_m, ROW_ALIGN)
   tiles_n = triton.cdiv(problem.n, config.block_n)
   rhs_stride_k, rhs_stride_n = (1, problem.k) if problem.trans_rhs else (problem.n, 1)
   common = dict(
@@ -359,23 +323,19 @@ def ragged_k_launch(problem, config, platform) -> triton_call.Launch:
       num_warps=config.num_warps, num_stages=config.num_stages, **common)
 
 
-def ragged_dot(lhs, rhs, group_sizes, problem, config, platform):
+def ragged_dot(lhs, rhs, group_bounds, problem, config, platform):
   """The grouped GEMM of `problem` (a RaggedDotProblem) on its canonical operands.
 
-  `group_sizes`: (B, G) sizes, or (B, 2, G) each group's [start, end) rows.
-
-  The schedule table is computed on the device from `group_sizes` (no host
-  sync), then one kernel runs. An empty problem launches nothing.
+  `group_bounds`: (B, 2, G), each group's [start, end) rows (`schedule.group_bounds`).
+  The slot table is computed on the device from them (no host sync), then one
+  kernel runs. An empty problem launches nothing.
   """
   if problem.is_empty:
     return jnp.zeros(problem.out_shape, problem.out_dtype)
-  # (B, G) sizes, or the groups' row ranges (B, 2, G) as `schedule.group_bounds` makes them.
-  bounds = (group_sizes if group_sizes.ndim == 3
-            else schedule.group_bounds(group_sizes, problem.m))
   if problem.ragged_contracting:
-    table = bounds.astype(jnp.int32)
+    table = group_bounds
     launch = ragged_k_launch(problem, config, platform)
   else:
-    table = group_row_tiles(bounds, problem.m, config.block_m)
+    table = schedule.row_tiles(group_bounds, problem.m, config.block_m, ROW_ALIGN)
     launch = ragged_m_launch(problem, config, platform)
   return triton_call.call(launch, lhs, rhs, table, platform=platform)
