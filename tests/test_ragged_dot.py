@@ -343,3 +343,25 @@ def test_row_tiles_cover_every_row_once(trial, rng):
       start, end = int(bounds[b, 0, g]), int(bounds[b, 1, g])
       mine = table[b][:, (table[b, 0] == g) & (table[b, 1] < table[b, 2])]
       assert mine.shape[1] == (-(-(end - start + start % align) // block_m) if end > start else 0)
+
+
+# ----------------------------------------------------------------- auto
+
+@pytest.mark.parametrize("kind,ragged_contracting,m,want", [
+    ("NVIDIA H200", False, 16384, "triton"),     # forward and dgrad: Triton led
+    ("NVIDIA H200", True, 16384, "pallas"),      # weight gradient: Pallas led
+    ("NVIDIA H100 80GB HBM3", True, 16384, "pallas"),
+    ("NVIDIA H200", False, 128, "xla"),          # decode: 1.00x, no claim
+    ("NVIDIA A100-SXM4-80GB", False, 16384, "xla"),   # not measured there
+])
+def test_auto_takes_the_backend_measured_faster_per_mode(kind, ragged_contracting, m, want,
+                                                         monkeypatch):
+  """With no tuning record, `auto` follows the H200 moe run: Triton for ragged-M,
+  Pallas for ragged-K, XLA below the measured sizes and off Hopper."""
+  from jaxgemm import dispatch
+  from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
+  monkeypatch.setattr(dispatch, "device_kind", lambda platform=None: kind)
+  problem = RaggedDotProblem(1, 8, m, 4096, 14336, np.dtype(jnp.bfloat16),
+                             np.dtype(jnp.bfloat16), np.dtype(np.float32),
+                             ragged_contracting=ragged_contracting)
+  assert dispatch.choose(problem, "auto").backend == want

@@ -53,8 +53,11 @@ from jaxgemm.ops.matmul.pallas import _INTERPRETER_LOCK  # noqa: E402
 # both operands transposed.
 _IN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
-# The smallest problem `structural_win` claims: the probed shapes were 95 and 1926 GFLOP.
-_WIN_MIN_FLOPS = 2 * 4096 * 2048 * 1024
+# The smallest problem `structural_win` claims (the same bound as Triton's): the
+# measured weight gradients had 94.5 and 1926 GFLOP.
+_WIN_MIN_FLOPS = 2**36
+# Rows from which `grouped` leads `pipelined` (see `default_variant`).
+GROUPED_MIN_ROWS = 1024
 _KERNEL_MODULE = "jaxgemm.kernels.pallas.ragged_dot.grouped"
 _RAGGED_K_MODULE = "jaxgemm.kernels.pallas.ragged_dot.ragged_k"
 
@@ -139,25 +142,32 @@ class PallasRaggedDot(registry.Backend):
     return _mosaic_gpu_error()
 
   def default_variant(self, problem: RaggedDotProblem) -> str:
-    """`pipelined`: the rung measured on the GPU (H100, jax 0.11.2:
-    research/ragged_dot/pallas_probe.log). `grouped` failed to compile there
-    (a TMA row offset Mosaic GPU could not prove a multiple of 8, fixed since
-    and lowered for sm_90a on the CPU, not yet run on a GPU): name it, or make
-    it the default once the probe has run it."""
-    return "grouped" if problem.ragged_contracting else "pipelined"
+    """`grouped` (two consumer warpgroups) where rows are many, `pipelined` for decode.
+
+    H200, bench/results/h200-moe-2026-11-25 (bf16, TFLOP/s, pipelined / grouped):
+    G=8 M=16384 678 / 707, G=64 M=16384 390 / 451, G=128 M=8192 202 / 239,
+    but G=8 M=128 (decode) 63.4 / 40.9; the weight gradient 745 / 746.
+    """
+    if problem.ragged_contracting or problem.m >= GROUPED_MIN_ROWS:
+      return "grouped"
+    return "pipelined"
 
   def structural_win(self, problem: RaggedDotProblem, device_kind: str) -> str | None:
-    """Ragged-M 16-bit GEMMs of at least a few GFLOP on Hopper: XLA runs
-    `lax.ragged_dot` as cuBLAS calls per group plus fusions, at 11 and 100 TFLOP/s
-    on the two MoE shapes probed, where `pipelined` ran 319 and 596 (H100,
-    research/ragged_dot/pallas_probe.log)."""
+    """The weight gradient (ragged-K) of 16-bit MoE layers on Hopper.
+
+    XLA's ragged_dot_general ran it at 91.5 and 8.9 TFLOP/s, this backend at
+    746 and 361 (8.2x, 40.6x), and Triton's at 660 and 319: so `auto` takes this
+    backend for ragged-K and Triton's for ragged-M, where Triton led
+    (bench/results/h200-moe-2026-11-25, H200).
+    """
     if not any(kind in device_kind for kind in ("H100", "H200")):
       return None
-    if problem.ragged_contracting or problem.flops < _WIN_MIN_FLOPS:
+    if not problem.ragged_contracting or problem.flops < _WIN_MIN_FLOPS:
       return None
-    if np.dtype(problem.dtype) not in tuple(map(np.dtype, _IN_DTYPES)):
+    if np.dtype(problem.dtype) not in (np.dtype(jnp.bfloat16), np.dtype(jnp.float16)):
       return None
-    return f"grouped GEMM of {problem.flops / 1e9:.0f} GFLOP (XLA's ragged_dot: per-group cuBLAS)"
+    return (f"grouped weight gradient of {problem.flops / 1e9:.0f} GFLOP: XLA's "
+            f"ragged_dot_general ran 8-41x slower on the MoE shapes measured")
 
   def check(self, problem: RaggedDotProblem, variant: str, config: KernelConfig) -> None:
     what = f"backend='pallas' variant={variant!r} of ragged_dot"

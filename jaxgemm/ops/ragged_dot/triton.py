@@ -113,11 +113,12 @@ class TritonRaggedDot(registry.Backend):
   def structural_win(self, problem: RaggedDotProblem, device_kind: str) -> str | None:
     """Where the heuristic choice was measured to beat XLA's `lax.ragged_dot` (Hopper).
 
-    16-bit ragged-M problems of at least STRUCTURAL_WIN_MIN_FLOPS: XLA runs
-    them as per-group cuBLAS calls and fusions, 101 and 10.4 TFLOP/s on the H100
-    against 703 and 339 here on the issue's two MoE forwards
-    (research/ragged_dot/h100-triton-2026-11-25.log). Smaller problems and
-    the weight gradient were not measured against XLA.
+    16-bit ragged-M problems (forward and dgrad) of at least
+    STRUCTURAL_WIN_MIN_FLOPS: XLA runs them as per-group cuBLAS calls and
+    fusions. H200 (bench/results/h200-moe-2026-11-25): forwards 747 and 441
+    TFLOP/s against XLA's 98 and 11, dgrads 755 and 447 against 93 and 12.
+    Below the bound (the decode shape, 15 GFLOP) both read 1.00x. The weight
+    gradient (ragged-K) ran faster on Pallas, which claims it.
     """
     if not any(kind in device_kind for kind in ("H100", "H200")):
       return None
