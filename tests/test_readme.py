@@ -16,3 +16,9 @@ def test_quick_start_runs_as_written(capsys):
   exec(compile(blocks[0], "README.md (quick start)", "exec"), {})  # noqa: S102
   out = capsys.readouterr().out
   assert "'xla'" in out and "'basic'" in out
+
+
+def test_mixture_of_experts_block_runs_as_written(capsys):
+  block = next(b for b in _python_blocks(README.read_text()) if "ragged_dot" in b)
+  exec(compile(block, "README.md (ragged_dot)", "exec"), {})  # noqa: S102
+  assert "'pallas'" in capsys.readouterr().out
