@@ -92,15 +92,18 @@ def test_check_grads_order2_x64_xla_matmul_shapes(shapes, rng, x64):
   check_grads(f, (a, b), order=2, modes=("fwd", "rev"), eps=1e-6)
 
 
-@pytest.mark.parametrize("dims", [NN, TT], ids=["NN", "TT"])
-def test_check_grads_order1_kernel(kernel, dims, rng):
+@pytest.mark.cases([pytest.param(NN, id="NN"), pytest.param(TT, id="TT")])
+@pytest.mark.slow_for_kernels(keep=1)
+def test_check_grads_order1_kernel(kernel, case, rng):
   """Every kernel, order 1, fwd and rev, in fp32 (skipped if it has no fp32 path).
 
   matmul is bilinear, so central differences are exact at any step: eps=1
   keeps fp32 cancellation out of the numerical derivative, leaving only the
   GEMMs' own rounding, which the table's tolerance (x4: the check sums up to
-  four GEMMs' errors) covers.
+  four GEMMs' errors) covers. Since Pallas took fp32, its 12 cases were 245 s of
+  a 20-minute CPU suite: the CPU keeps NN per rung, the GPU tier runs TT too.
   """
+  dims = case
   a_shape, b_shape = _shapes(dims)
   dtype, precision = best_setting(kernel, a_shape, b_shape,
                                   fn=lambda a, b, **kw: jaxgemm.dot_general(a, b, dims, **kw))
