@@ -36,6 +36,13 @@ from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 from jaxgemm.ops.ragged_dot.triton import RaggedDotTritonConfig as C, TritonRaggedDot
 
 BE = TritonRaggedDot()
+
+
+def impl_on_sizes(problem, variant, config, platform):
+  """The backend's impl, called with (B, G) group sizes (the primitive passes bounds)."""
+  from jaxgemm.ops.ragged_dot import schedule as _schedule  # noqa: PLC0415
+  f = BE.impl(problem, variant, config, platform)
+  return lambda l, r, s: f(l, r, _schedule.group_bounds(s, problem.m))
 PLATFORM = "cpu" if CPU else "cuda"
 TIMER = timing.Timer("cpu" if CPU else "gpu")
 BF16 = jnp.bfloat16
@@ -82,7 +89,7 @@ def reference(p, lhs, rhs, sizes):
 
 def ours(p, cfg):
   BE.check(p, "grouped", cfg)
-  return jax.jit(BE.impl(p, "grouped", cfg, PLATFORM))
+  return jax.jit(impl_on_sizes(p, "grouped", cfg, PLATFORM))
 
 
 def check(name, p, cfg, sizes, tol):
