@@ -365,3 +365,17 @@ def test_auto_takes_the_backend_measured_faster_per_mode(kind, ragged_contractin
                              np.dtype(jnp.bfloat16), np.dtype(np.float32),
                              ragged_contracting=ragged_contracting)
   assert dispatch.choose(problem, "auto").backend == want
+
+
+def test_autotune_finds_and_stores_ragged_dot_problems(tmp_path):
+  """The tuner works on any registered op: ragged_dot's forward and both backward forms
+  are found, and a tuned record is stored under the op's name."""
+  lhs, rhs = jnp.ones((48, 32), jnp.float16), jnp.ones((3, 32, 16), jnp.float16)
+  sizes = jnp.asarray([10, 0, 30])
+  fn = lambda l, r: jaxgemm.ragged_dot(l, r, sizes)
+  modes = [p.mode + ("T" if p.trans_rhs else "") for p in jaxgemm.problems_in(fn, lhs, rhs)]
+  assert modes == ["ragged-M", "ragged-K", "ragged-MT"]
+  cache = tmp_path / "tuned.json"
+  report = jaxgemm.autotune(fn, lhs, rhs, backends=["triton"], backward=False, iters=2,
+                            cache_path=cache, time_budget_s=60, log=None)
+  assert len(report.tuned) == 1 and '"ragged_dot|cpu|triton/grouped|' in cache.read_text()
