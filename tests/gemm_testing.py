@@ -182,6 +182,29 @@ def dot_general_reference(lhs, rhs, dimension_numbers):
           np.einsum(spec, np.abs(a64), np.abs(b64), optimize=True))
 
 
+def ragged_bounds(group_sizes, m):
+  """(starts, ends) of each group's rows, clamped to m as lax.ragged_dot clamps them."""
+  ends = np.minimum(np.cumsum(np.maximum(np.asarray(group_sizes), 0)), m)
+  return np.concatenate([[0], ends[:-1]]).astype(ends.dtype), ends
+
+
+def ragged_dot_reference(problem, lhs, rhs, group_sizes):
+  """(out, |lhs| |rhs| bound) in float64 of a RaggedDotProblem on its canonical operands,
+  group_sizes (B, G): rows in no group (ragged-M) and empty groups' blocks (ragged-K) zero."""
+  a, w = as_f64(lhs), as_f64(rhs)
+  out, bound = np.zeros(problem.out_shape), np.zeros(problem.out_shape)
+  for b in range(problem.batch):
+    for g, (s, e) in enumerate(zip(*ragged_bounds(np.asarray(group_sizes[b]), problem.m))):
+      if problem.ragged_contracting:
+        out[b, g] = a[b, s:e].T @ w[b, s:e]
+        bound[b, g] = np.abs(a[b, s:e]).T @ np.abs(w[b, s:e])
+      else:
+        wg = w[b, g].T if problem.trans_rhs else w[b, g]
+        out[b, s:e] = a[b, s:e] @ wg
+        bound[b, s:e] = np.abs(a[b, s:e]) @ np.abs(wg)
+  return out, bound
+
+
 # -------------------------------------------------------------- assertions
 
 

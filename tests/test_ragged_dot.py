@@ -15,17 +15,13 @@ import pytest
 from jax import lax
 
 import jaxgemm
-from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
+from gemm_testing import (as_f64, assert_gemm_close, ragged_bounds, random_array,
+                          tolerance)
 
 pytestmark = pytest.mark.op("ragged_dot")
 
 
 # ----------------------------------------------------------------- references
-
-def bounds(group_sizes, m):
-  ends = np.minimum(np.cumsum(np.maximum(np.asarray(group_sizes), 0)), m)
-  return np.concatenate([[0], ends[:-1]]), ends
-
 
 def reference(lhs, rhs, group_sizes, *, trans_rhs=False):
   """(out, |lhs| @ |rhs| bound) in float64 of the ragged-M product."""
@@ -34,7 +30,7 @@ def reference(lhs, rhs, group_sizes, *, trans_rhs=False):
     w = np.swapaxes(w, -1, -2)
   out = np.zeros((a.shape[0], w.shape[-1]))
   bound = np.zeros_like(out)
-  for g, (s, e) in enumerate(zip(*bounds(group_sizes, a.shape[0]))):
+  for g, (s, e) in enumerate(zip(*ragged_bounds(group_sizes, a.shape[0]))):
     out[s:e] = a[s:e] @ w[g]
     bound[s:e] = np.abs(a[s:e]) @ np.abs(w[g])
   return out, bound
@@ -43,7 +39,7 @@ def reference(lhs, rhs, group_sizes, *, trans_rhs=False):
 def reference_contracting(lhs, rhs, group_sizes):
   """(out, bound) in float64 of the ragged-K product: out[g] = lhs[rows g]^T rhs[rows g]."""
   a, d = as_f64(lhs), as_f64(rhs)
-  starts, ends = bounds(group_sizes, a.shape[0])
+  starts, ends = ragged_bounds(group_sizes, a.shape[0])
   out = np.stack([a[s:e].T @ d[s:e] for s, e in zip(starts, ends)])
   bound = np.stack([np.abs(a[s:e]).T @ np.abs(d[s:e]) for s, e in zip(starts, ends)])
   return out, bound
@@ -102,7 +98,7 @@ def test_forward_matches_float64(kernel, case, dtype, rng):
   assert out.dtype == dtype and out.shape == (m, n)
   ref, bound = reference(lhs, rhs, sizes)
   assert_gemm_close(out, ref, bound, tolerance(dtype), f"{kernel} {case}")
-  _, end = bounds(sizes, m)
+  _, end = ragged_bounds(sizes, m)
   assert not np.asarray(out[end[-1]:], np.float32).any(), "rows past the groups are not zero"
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
+from gemm_testing import (as_f64, assert_gemm_close, ragged_dot_reference,
+                          random_array, tolerance)
 
 triton = pytest.importorskip("triton")
 from jaxgemm.kernels.triton.ragged_dot import grouped  # noqa: E402
@@ -36,33 +37,12 @@ def _problem(batch, groups, m, k, n, dtype, out_dtype=None, *, trans_rhs=False,
                           ragged_contracting=ragged_contracting, precision=precision)
 
 
-def _bounds(sizes, m):
-  ends = np.minimum(np.cumsum(np.maximum(sizes, 0)), m)
-  return np.concatenate([[0], ends[:-1]]), ends
-
-
-def _reference(problem, lhs, rhs, group_sizes):
-  """(out, |lhs| |rhs| bound) in float64, per batch and group."""
-  a, w = as_f64(lhs), as_f64(rhs)
-  out, bound = np.zeros(problem.out_shape), np.zeros(problem.out_shape)
-  for b in range(problem.batch):
-    for g, (s, e) in enumerate(zip(*_bounds(np.asarray(group_sizes[b]), problem.m))):
-      if problem.ragged_contracting:
-        out[b, g] = a[b, s:e].T @ w[b, s:e]
-        bound[b, g] = np.abs(a[b, s:e]).T @ np.abs(w[b, s:e])
-      else:
-        wg = w[b, g].T if problem.trans_rhs else w[b, g]
-        out[b, s:e] = a[b, s:e] @ wg
-        bound[b, s:e] = np.abs(a[b, s:e]) @ np.abs(wg)
-  return out, bound
-
-
 def _run(problem, sizes, config=TINY, *, seed=0, nan_outside=False):
   rng = np.random.default_rng(seed)
   lhs = random_array(rng, problem.lhs_shape, problem.dtype)
   rhs = random_array(rng, problem.rhs_shape, problem.dtype)
   group_sizes = np.asarray(sizes, np.int32).reshape(problem.batch, problem.groups)
-  ref, bound = _reference(problem, lhs, rhs, group_sizes)
+  ref, bound = ragged_dot_reference(problem, lhs, rhs, group_sizes)
   if nan_outside:   # what the kernel must not read: empty groups' weights, tail rows
     lhs, rhs = np.array(lhs), np.array(rhs)
     for b in range(problem.batch):

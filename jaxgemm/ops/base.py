@@ -26,6 +26,24 @@ from typing import Any, Callable, ClassVar, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
+
+
+def fp32_precision(dtype, precision) -> str | None:
+  """How fp32 operands are multiplied: "tf32", "tf32x3" or "ieee" (None if not fp32).
+
+  The most precise of the two operands' precisions wins: DEFAULT is TF32
+  tensor cores (jnp.matmul's default on GPU), HIGH is 3-pass TF32, HIGHEST
+  exact fp32.
+  """
+  if np.dtype(dtype) != np.float32:
+    return None
+  precisions = precision or (lax.Precision.DEFAULT,)
+  if lax.Precision.HIGHEST in precisions:
+    return "ieee"
+  if lax.Precision.HIGH in precisions:
+    return "tf32x3"
+  return "tf32"
 
 
 def next_pow2(x: int) -> int:

@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 from jax import lax
 
-from jaxgemm.ops.base import Problem
+from jaxgemm.ops.base import Problem, fp32_precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,20 +76,8 @@ class GemmProblem(Problem):
 
   @property
   def fp32_precision(self) -> str | None:
-    """How fp32 operands are multiplied: "tf32", "tf32x3" or "ieee" (None if not fp32).
-
-    The most precise of the two operands' precisions wins: DEFAULT is TF32
-    tensor cores (jnp.matmul's default on GPU), HIGH is 3-pass TF32, HIGHEST
-    exact fp32.
-    """
-    if np.dtype(self.dtype) != np.float32:
-      return None
-    precisions = self.precision or (lax.Precision.DEFAULT,)
-    if lax.Precision.HIGHEST in precisions:
-      return "ieee"
-    if lax.Precision.HIGH in precisions:
-      return "tf32x3"
-    return "tf32"
+    """How fp32 operands are multiplied: "tf32", "tf32x3" or "ieee" (None if not fp32)."""
+    return fp32_precision(self.dtype, self.precision)
 
   @property
   def accuracy_class(self) -> str:
