@@ -7,7 +7,7 @@
     plots   the PNG plots
 
 Everything after the CSV is generated from the CSV alone, so a committed CSV
-reproduces its report, the README's tables and docs/ladders.md's tables.
+reproduces its report, docs/results.md's tables and docs/ladders.md's tables.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 from . import csvio, plots, tables
 from .view import Run
 
-README = csvio.repo_root() / "README.md"
+# The run's tables go to the results page; the README links to it.
+RESULTS = csvio.repo_root() / "docs" / "results.md"
 LADDERS = csvio.repo_root() / "docs" / "ladders.md"
 
 
@@ -71,11 +72,24 @@ def _shown(path: Path) -> str:
   return str(path) if rel.startswith("..") else Path(rel).as_posix()
 
 
+def _links_from(doc, made: dict) -> str:
+  """README_TABLES.md's text with its plot links (written from the repository root)
+  made relative to `doc`'s folder, where the plots lie inside the repository."""
+  text = made["readme_tables"].read_text()
+  root, folder = csvio.repo_root(), Path(doc).resolve().parent
+  for plot in made["plots"].values():
+    from_root = _shown(plot)
+    if not Path(from_root).is_absolute():
+      text = text.replace(f"]({from_root})",
+                          f"]({Path(os.path.relpath(root / from_root, folder)).as_posix()})")
+  return text
+
+
 def update_docs(made: dict, readme=None, ladders=None) -> list[str]:
   """Puts a generated run's blocks into the README (`readme`) and the ladder guide
   (`ladders`) where those files carry the markers; returns what was updated."""
   done = []
-  if readme and tables.update_readme(readme, made["readme_tables"].read_text()):
+  if readme and tables.update_readme(readme, _links_from(readme, made)):
     done.append(str(readme))
   if ladders:
     backends = tables.update_ladders(ladders, made["run"], _shown(made["csv"]))
@@ -90,15 +104,15 @@ def main(argv) -> int:
       description="Regenerate REPORT.md, README_TABLES.md and plots/ from benchmark CSVs. "
                   "Several CSVs (e.g. suites run as separate commands) are merged into "
                   "<out>/results.csv first. For a GPU run, also put the tables into "
-                  "README.md (between its bench markers) and the ladder tables into "
+                  "docs/results.md (between its bench markers) and the ladder tables into "
                   "docs/ladders.md (between its ladder:<backend> markers), where the files "
                   "and markers exist.")
   ap.add_argument("csv", nargs="+")
   ap.add_argument("--out", default=None,
                   help="folder for the outputs (default: the CSV's; required for several)")
-  ap.add_argument("--readme", default=None, metavar="README.md",
-                  help="the README whose bench block to replace (default: the repository's "
-                       "README.md, for a GPU run)")
+  ap.add_argument("--readme", default=None, metavar="docs/results.md",
+                  help="the page whose bench block to replace (default: the repository's "
+                       "docs/results.md, for a GPU run)")
   ap.add_argument("--ladders", default=None, metavar="docs/ladders.md",
                   help="the ladder guide whose ladder blocks to replace (default: the "
                        "repository's docs/ladders.md, for a GPU run)")
@@ -120,7 +134,7 @@ def main(argv) -> int:
     return 0
   # Not-GPU timings never go into the project's documents unless named.
   on_gpu = made["run"].on_gpu
-  readme = args.readme or (README if on_gpu else None)
+  readme = args.readme or (RESULTS if on_gpu else None)
   ladders = args.ladders or (LADDERS if on_gpu else None)
   done = update_docs(made, readme, ladders)
   for doc in done:
@@ -129,5 +143,5 @@ def main(argv) -> int:
     if named and not any(d.startswith(str(named)) for d in done):
       print(f"not updated:   {named} (no such file, or no markers for this run)")
   if not on_gpu and not (args.readme or args.ladders):
-    print("(not GPU timings: README.md and docs/ladders.md left alone)")
+    print("(not GPU timings: docs/results.md and docs/ladders.md left alone)")
   return 0

@@ -760,7 +760,7 @@ def ladder_guide(run: Run, backend: str, source: str | None = None) -> str | Non
 
 # ---------------------------------------------------------------- generated blocks in documents
 
-README_BEGIN = "<!-- bench:begin (python -m bench report ... --readme README.md) -->"
+README_BEGIN = "<!-- bench:begin (python -m bench report writes this block) -->"
 README_END = "<!-- bench:end -->"
 
 
