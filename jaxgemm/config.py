@@ -89,3 +89,17 @@ class KernelConfig:
   @classmethod
   def from_json(cls, s: str) -> "KernelConfig":
     return cls.from_dict(json.loads(s))
+
+
+def within_shared_memory(config, smem_bytes: Callable[[Any], int], capacity: int):
+  """`config` with fewer pipeline stages, then narrower N tiles, until `smem_bytes(config)`
+  fits in `capacity` (the Triton backends' configs: `num_stages`, `block_n`); as it is
+  when nothing is left to shrink (the backend's `check` then reports the overflow)."""
+  while smem_bytes(config) > capacity:
+    if config.num_stages > 2:
+      config = dataclasses.replace(config, num_stages=config.num_stages - 1)
+    elif config.block_n > 16:
+      config = dataclasses.replace(config, block_n=config.block_n // 2)
+    else:
+      break
+  return config

@@ -15,7 +15,8 @@ import jax
 import numpy as np
 
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, check, int_range, power_of_two
+from jaxgemm.config import (KernelConfig, check, int_range, power_of_two,
+                            within_shared_memory)
 from jaxgemm.kernels.triton.matmul import layout
 from jaxgemm.ops.matmul.problem import GemmProblem
 
@@ -325,14 +326,8 @@ class TritonMatmul(registry.Backend):
     tile is twice as large (bf16 -> f32 at 128x256x64 in 3 stages needs
     278528 B of the 232448).
     """
-    while self._smem_bytes(problem, variant, config)[0] > SMEM_BYTES:
-      if config.num_stages > 2:
-        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
-      elif config.block_n > 16:
-        config = dataclasses.replace(config, block_n=config.block_n // 2)
-      else:
-        break   # check() reports it
-    return config
+    return within_shared_memory(
+        config, lambda c: self._smem_bytes(problem, variant, c)[0], SMEM_BYTES)
 
   @staticmethod
   def _smem_bytes(problem: GemmProblem, variant: str, config) -> tuple[int, str]:

@@ -19,7 +19,7 @@ import importlib
 import numpy as np
 
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, int_range, power_of_two
+from jaxgemm.config import KernelConfig, int_range, power_of_two, within_shared_memory
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
 # Hopper's opt-in shared memory per block (227 KB), what a config may fill.
@@ -179,14 +179,8 @@ class TritonRaggedDot(registry.Backend):
 
   def _within_smem(self, problem, config: RaggedDotTritonConfig) -> RaggedDotTritonConfig:
     """`config` with fewer stages, then narrower N tiles, until it fits in shared memory."""
-    while self._smem_bytes(problem, config)[0] > SMEM_BYTES:
-      if config.num_stages > 2:
-        config = dataclasses.replace(config, num_stages=config.num_stages - 1)
-      elif config.block_n > 16:
-        config = dataclasses.replace(config, block_n=config.block_n // 2)
-      else:
-        break   # check() reports it
-    return config
+    return within_shared_memory(config, lambda c: self._smem_bytes(problem, c)[0],
+                                SMEM_BYTES)
 
   @staticmethod
   def _smem_bytes(problem: RaggedDotProblem, config) -> tuple[int, str]:
