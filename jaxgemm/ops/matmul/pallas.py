@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import threading
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgemm import registry
+from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
 from jaxgemm.ops.matmul.problem import GemmProblem
 
@@ -40,9 +39,6 @@ _TWO_CONSUMERS = ("warp_specialized", "clusters", "stream_k")
 # Variants launched in 2-CTA clusters.
 _CLUSTERED = ("clusters", "stream_k", "pingpong")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
-# The Mosaic GPU interpreter simulates a whole GPU's shared state; XLA:CPU may
-# run independent callbacks of one program on several threads.
-_INTERPRETER_LOCK = threading.Lock()
 # float32 runs as TF32 (precision DEFAULT, jnp.matmul's default on GPU).
 _IN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -266,23 +262,8 @@ class PallasMatmul(registry.Backend):
 
     if not interpret:
       return pallas_matmul
-    # The interpreter simulates TMA, barriers and wgmma with *ordered* io
-    # callbacks, whose effect tokens a primitive's lowering (matmul_p is
-    # effect-free) cannot thread through. So on the CPU the interpreted kernel
-    # is compiled on its own and called from a pure callback: the same kernel,
-    # and matmul_p stays pure for jit, grad and vmap.
-    run = jax.jit(pallas_matmul)
-
-    def on_host(a, b):
-      with _INTERPRETER_LOCK:   # one interpreted kernel at a time, as for Triton's
-        return np.asarray(run(a, b))
-
-    def interpreted(a, b):
-      return jax.pure_callback(
-          on_host,
-          jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype), a, b)
-
-    return interpreted
+    return pallas_call.interpreted(
+        pallas_matmul, jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype))
 
 
 registry.register(PallasMatmul())

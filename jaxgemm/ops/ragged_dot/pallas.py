@@ -38,16 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgemm import registry
+from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
 VARIANTS = ("pipelined", "grouped")
 _SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
 _EPI_TILE_M = 64                    # rows of a `grouped` epilogue piece
-# One interpreted Mosaic GPU kernel at a time, whichever op: the interpreter
-# simulates one GPU's shared state (the matmul backend's lock).
-from jaxgemm.ops.matmul.pallas import _INTERPRETER_LOCK  # noqa: E402
 # float32 runs as TF32 (precision DEFAULT), ragged-M only: TF32 wgmma reads both
 # operands K-major, so rhs (G, K, N) is transposed once by XLA; ragged-K would need
 # both operands transposed.
@@ -294,21 +291,8 @@ class PallasRaggedDot(registry.Backend):
 
     if not interpret or problem.is_empty:
       return pallas_ragged_dot
-    # As for matmul: the interpreter's ordered callbacks cannot run inside an
-    # effect-free primitive's lowering, so the interpreted kernel is compiled on
-    # its own and called from a pure callback.
-    run = jax.jit(pallas_ragged_dot)
-
-    def on_host(lhs, rhs, group_bounds):
-      with _INTERPRETER_LOCK:
-        return np.asarray(run(lhs, rhs, group_bounds))
-
-    def interpreted(lhs, rhs, group_bounds):
-      return jax.pure_callback(
-          on_host, jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype),
-          lhs, rhs, group_bounds)
-
-    return interpreted
+    return pallas_call.interpreted(
+        pallas_ragged_dot, jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype))
 
 
 registry.register(PallasRaggedDot())
