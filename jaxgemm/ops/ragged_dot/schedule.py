@@ -60,8 +60,8 @@ def row_tiles(bounds: jax.Array, m: int, block_m: int, align: int = 1) -> jax.Ar
   """(B, 3, num_slots) int32: each slot's group, first row and end row (module doc).
 
   A few elementwise ops and sums over (slots x ranges), which XLA fuses into one
-  or two small kernels: a cumsum and a searchsorted here took 25 us before a
-  270 us grouped GEMM on the H100 (research/ragged_dot/README.md).
+  or two small kernels: a cumsum and a searchsorted here took 25.5 us before a
+  ~280 us grouped GEMM on the H100 (research/ragged_dot/h100-triton-2026-11-25.log).
   """
   batch, _, groups = bounds.shape
   # The ranges: [0, first group's start), the G groups, [last group's end, m).
