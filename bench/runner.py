@@ -54,6 +54,9 @@ REF_VARIANT = "lax.dot_general"
 # it is measured as a row of its own next to the backends it picks from.
 AUTO = dispatch.AUTO
 AUTO_VARIANT = "default"
+# A named backend called with variant=None (its own choice per GEMM, forward and
+# backward: the training step, the epilogue suites): the variant column's label.
+DEFAULT_VARIANT = "(default)"
 
 # Relative Frobenius error ||C - C_xla|| / ||C_xla|| a kernel may have, by run
 # dtype: the autotuner's bounds (`jaxgemm.tuning.TOLERANCE` says why these), so
@@ -158,7 +161,7 @@ class Measured:
   the watchdog, the rows."""
 
   op = "matmul"
-  arity = 2                     # operands per call (one input set)
+  arity = 2                     # operands per call (one input set); see arity_of
   # Where XLA's reference takes longer than this (ms a call), kernels are timed alone
   # and compared with its median at the problem's start: pairing would cost `iters`
   # more reference calls per kernel (None: always paired).
@@ -167,6 +170,16 @@ class Measured:
   def ref_variant(self, bp) -> str:
     """The reference row's variant: XLA's own op."""
     return REF_VARIANT
+
+  def arity_of(self, bp) -> int:
+    """Operands per call of `bp` (one input set): `arity`, unless an op's problems differ."""
+    return self.arity
+
+  def kernels(self, bp, backends: list[str], variants_policy, dtype_name: str, slow=(),
+              best_seen: set | None = None) -> list[tuple[str, str, str]]:
+    """(backend, variant, note) triples to run on `bp` (`choose_kernels`)."""
+    return choose_kernels(bp, backends, variants_policy, dtype_name, slow=slow,
+                          best_seen=best_seen, ops=self)
 
   def prepare(self, ctx: "Context", bp, dtype_name: str):
     """The problem as it runs (the moe suite draws its group sizes here)."""
@@ -212,7 +225,7 @@ def choice(bp: P.BenchProblem, dtype_name: str, backend: str,
   """
   try:
     return dispatch.choose(ops.problem(bp, dtype_name), backend,
-                           None if backend == AUTO else variant)
+                           None if backend == AUTO or variant == DEFAULT_VARIANT else variant)
   except Exception:  # noqa: BLE001
     return None
 
@@ -243,8 +256,18 @@ def _norm(x):
   return jnp.linalg.norm(x.astype(jnp.float32).ravel())
 
 
+def ref_norm(out) -> float:
+  """The smallest Frobenius norm over a result's arrays (one array, or a tuple: the
+  epilogue suites' forward output and gradients)."""
+  return min(float(_norm(x)) for x in jax.tree.leaves(out))
+
+
 def rel_error(outs, refs) -> float:
-  """Largest relative Frobenius error over the rotated outputs (nan if any is)."""
+  """Largest relative Frobenius error over the rotated outputs, and over the arrays of
+  each where a call returns several (nan if any is)."""
+  outs, refs = jax.tree.leaves(outs), jax.tree.leaves(refs)
+  if len(outs) != len(refs):
+    raise ValueError(f"{len(outs)} output arrays against the reference's {len(refs)}")
   errs = [float(tuning.relative_error(o, r)) for o, r in zip(outs, refs)]
   return float("nan") if any(not math.isfinite(e) for e in errs) else max(errs)
 
@@ -457,10 +480,10 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
   try:
     bufs = ops.inputs(bp, dtype_name, n_rot, ctx.seed)
     compiled, refs, c_s, f_s = _compile_and_run(ops.ref_fn(bp, dtype_name), bufs, n_rot,
-                                                ops.arity)
-    ref_norm = float(_norm(refs[0]))
-    if not math.isfinite(ref_norm) or ref_norm == 0:
-      raise RuntimeError(f"XLA's result has norm {ref_norm}: inputs or XLA broken")
+                                                ops.arity_of(bp))
+    norm = ref_norm(refs[0])
+    if not math.isfinite(norm) or norm == 0:
+      raise RuntimeError(f"XLA's result has norm {norm}: inputs or XLA broken")
     samples = [t / n_rot for t in ctx.timer.time(compiled, bufs, ctx.iters)]
     stats = summarize(samples)
     ref_row.update(status=STATUS_OK, compile_s=c_s, first_run_s=f_s,
@@ -507,7 +530,7 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     else:
       with Watchdog(ctx, row, f"{backend}/{variant} on {bp.name}"):
         _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled, key,
-                    ops.arity, solo)
+                    ops.arity_of(bp), solo)
     if finish is not None:
       finish(row)
     emit(row)
@@ -712,9 +735,8 @@ def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backen
         rows.append(row)
         bar.update(f"{bp.name} (out of time)")
         continue
-      kernels = choose_kernels(bp, backends, variants_policy, bp.dtype or ctx.dtype_name,
-                               slow={} if ctx.on_gpu else ctx.slow, best_seen=ctx.best_seen,
-                               ops=ops)
+      kernels = ops.kernels(bp, backends, variants_policy, bp.dtype or ctx.dtype_name,
+                            slow={} if ctx.on_gpu else ctx.slow, best_seen=ctx.best_seen)
       r = run_problem(ctx, bp, kernels, make_fn, ops)
       rows.extend(r)
       bar.write(one_line(bp, r))
