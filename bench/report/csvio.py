@@ -2,7 +2,8 @@
 
 CSV: one row per measurement (a kernel on a problem, XLA's own op on a problem -- its
 dot, or for the moe suites its ragged_dot -- jax's example grouped GEMM kernel, a
-training step, one step's loss, the copy bandwidth), with the run's provenance
+training step, one step's loss, the copy bandwidth; for the epilogue suites XLA's
+program of the jnp expression), with the run's provenance
 (device, driver, versions, git commit, date, timer, input distribution) on
 every row. Everything made after it (REPORT.md, the tables, the plots, the
 runs' history) is read back from the CSV alone.
@@ -28,7 +29,7 @@ COLUMNS = [
     "run_id", "suite", "kind", "problem", "backend", "variant", "variant_rank", "dtype",
     "precision",
     "batch", "m", "k", "n", "layout", "ladder", "flops", "min_bytes", "arith_intensity",
-    "groups", "active_groups", "mode", "layer",
+    "groups", "active_groups", "mode", "layer", "expr",
     "status", "error", "tolerance", "note",
     "timer", "iters", "rotate", "working_set_mb",
     "time_ms_median", "time_ms_p10", "time_ms_p90", "time_ms_iqr", "time_ms_min",

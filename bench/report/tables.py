@@ -141,7 +141,7 @@ def _met(ok: bool) -> str:
 def defaults_summary(run: Run) -> list[str]:
   """jaxgemm's default (backend='auto') against XLA: the GEMM and training numbers."""
   steps = [r for r in run.rows if r["kind"] == "train_step" and r["backend"] == AUTO
-           and not _is_moe_step(r)]
+           and not _is_moe_step(r) and not _is_epilogue_step(r)]
   if not steps and not run.has_auto:
     return []
   suites, is_target = _default_suites(run)
@@ -442,6 +442,162 @@ def moe_targets_table(run: Run) -> list[str]:
       "default (auto)" if b == AUTO else f"{b} (best variant)" for b in bs], ""], rows)
 
 
+# ---------------------------------------------------------------- GEMM epilogues (epilogue suites)
+
+def _is_epilogue_step(r: dict) -> bool:
+  """A training step of the epilogue suites' SwiGLU model."""
+  return r.get("suite", "").startswith("epilogue")
+
+
+# The expressions as the reports print them (bench/problems.py's EXPRESSIONS).
+EXPR_TEXT = {"dot": "x @ w", "bias": "x @ w + b", "bias.gelu": "gelu(x @ w + b)",
+             "silu": "silu(x @ w)", "bias.residual": "x @ w + b + residual",
+             "swiglu": "silu(x @ wg) * (x @ wu)"}
+EXPR_GEMMS = {"swiglu": 2}   # forward GEMMs of M x K x N; x3 with the backward
+
+
+def _expr_text(p: dict) -> str:
+  text = EXPR_TEXT.get(p.get("expr", ""), p.get("expr", ""))
+  return text + (" (fwd+bwd)" if p.get("mode") == "fwd+bwd" else "")
+
+
+def _gemm_floor_ms(run: Run, suite: str, p: dict) -> float | None:
+  """XLA's bare dot at the problem's shape (the `dot` forward problem of its layer) times
+  the expression's GEMM count: the time the GEMMs alone take on XLA."""
+  dot = next((q for q in run.problems(suite) if q.get("layer") == p.get("layer")
+              and q.get("expr") == "dot" and q.get("mode") == "fwd" and q["status"] == "ok"),
+             None)
+  if dot is None or not num(dot["time_ms_median"]):
+    return None
+  gemms = EXPR_GEMMS.get(p.get("expr"), 1) * (3 if p.get("mode") == "fwd+bwd" else 1)
+  return num(dot["time_ms_median"]) * gemms
+
+
+def _us_x(r: dict) -> str:
+  """'1,234 us (1.05x)': a kernel row's time and its speedup over XLA's program."""
+  return f"{_us(r)} ({_fmt_x(num(r['speedup_vs_xla']))})"
+
+
+def _epilogue_backends(run: Run, suites) -> list[str]:
+  """jaxgemm's backends with rows in the epilogue suites (the xla backend first)."""
+  seen = {r["backend"] for s in suites for p in run.problems(s)
+          for r in run.kernel_rows(s, p["problem"])}
+  return [b for b in run.backend_variants if b in seen]
+
+
+def _epilogue_cell(run: Run, suite: str, problem: str, backend: str) -> str:
+  best = _pick(run, suite, problem, backend)
+  if best is None:
+    st = sorted({r["status"] for r in run.kernel_rows(suite, problem) if r["backend"] == backend})
+    return "/".join(st) or "-"
+  v = best["variant"]
+  return _us_x(best) + ("" if v in ("(default)", "default") else f" {v}")
+
+
+def epilogue_table(run: Run, suite: str) -> list[str]:
+  """An epilogue suite's problems: XLA's program of each expression (and its ratio to the
+  GEMMs alone on XLA), the default and each backend: time (vs XLA)."""
+  bs = _epilogue_backends(run, [suite])
+  rows = []
+  for p in run.problems(suite):
+    name = p["problem"]
+    if p["status"] == "ok":
+      floor = _gemm_floor_ms(run, suite, p)
+      xla = _us(p) + (f" ({num(p['time_ms_median']) / floor:.3f}x)" if floor else "")
+    else:
+      xla = p["status"]
+    row = [name, _expr_text(p), _shape(p), xla]
+    if run.has_auto:
+      a = run.auto(suite, name)
+      row.append("-" if a is None else
+                 f"{_us_x(a) if a['status'] == 'ok' else a['status']} {a.get('chosen') or ''}".strip())
+    row += [_epilogue_cell(run, suite, name, b) for b in bs]
+    rows.append(row)
+  header = ["problem", "expression", "MxKxN", "XLA's program (x its GEMMs on XLA)",
+            *(["default (auto) (vs XLA), chose"] if run.has_auto else []),
+            *[f"{b} (vs XLA)" for b in bs]]
+  return _table(header, rows)
+
+
+# Issue 27's targets (H200, bf16): (problem of the epilogue suite, best jaxgemm kernel's
+# speedup over XLA's program of the same expression, at least), then the SwiGLU
+# training step's (backend="auto" only, losses agreeing).
+EPILOGUE_TARGETS = (
+    *((f"{shape}.bias.gelu", t) for shape, t in (
+        ("m8192.k4096.n14336", 1.10), ("sq4096", 1.10), ("m128.k4096.n14336", 1.12))),
+    *((f"{shape}.silu", 1.08) for shape in ("m8192.k4096.n14336", "sq4096", "m128.k4096.n14336")),
+    *((f"{shape}.bias.residual", 1.03)
+      for shape in ("m8192.k4096.n14336", "sq4096", "m128.k4096.n14336")),
+    ("m8192.k4096.n14336.swiglu", 1.05), ("m128.k4096.n14336.swiglu", 1.12),
+    ("m8192.k4096.n14336.bias.gelu.fwd+bwd", 1.03), ("m128.k4096.n14336.bias.gelu.fwd+bwd", 1.15),
+)
+EPILOGUE_TRAIN_TARGET = 1.03
+EPILOGUE_TARGETS_NOTE = (
+    "Each target against XLA's jitted program of the same jnp expression, timed in the same "
+    "run; cells: each backend's fastest correct variant, time (vs XLA). `met` where a jaxgemm "
+    "kernel (not the `xla` backend) reaches it; the SwiGLU training step's target is the "
+    "default's (`backend='auto'`), with its losses agreeing with XLA's model.")
+EPILOGUE_TABLE_NOTE = (
+    "Cells: time per call (CUPTI on a GPU) and, for kernels, XLA's program's time over "
+    "theirs (> 1: faster). XLA's column also gives its time over its bare `x @ w` at the "
+    "same shape times the expression's GEMM count (2 for SwiGLU, x3 with the backward): "
+    "what the epilogue costs XLA. fwd+bwd: `y, vjp = jax.vjp(expr, x, w[, b])`, `(y, "
+    "*vjp(dy))` with a random cotangent `dy`. Named backends run with variant=None (their "
+    "own choice per GEMM) unless the run named variants.")
+
+
+def epilogue_targets_table(run: Run) -> list[str]:
+  """Issue 27's targets against this run: XLA, each backend's best variant and the default;
+  `met` where one of jaxgemm's kernels (a backend other than xla, or the default)
+  reaches the target (the training step: the default)."""
+  suites = [s for s in run.suites if run.is_epilogue(s)
+            and all(p["dtype"] == "bf16" for p in run.problems(s))]
+  steps = [r for r in run.rows if r["kind"] == "train_step" and _is_epilogue_step(r)]
+  bs = [*_epilogue_backends(run, suites), *([AUTO] if run.has_auto else [])]
+  ours = [b for b in bs if b != "xla"]
+  rows = []
+  for problem, target in EPILOGUE_TARGETS:
+    suite = next((s for s in suites if any(p["problem"] == problem for p in run.problems(s))),
+                 None)
+    if suite is None:
+      continue
+    ref = next(p for p in run.problems(suite) if p["problem"] == problem)
+    cells, values = [_us(ref) if ref["status"] == "ok" else ref["status"]], []
+    for b in bs:
+      r = _pick(run, suite, problem, b)
+      cells.append(_epilogue_cell(run, suite, problem, b))
+      if r is not None and b in ours:
+        values.append(num(r["speedup_vs_xla"]))
+    verdict = ("not measured" if not values else
+               "met" if max(values) >= target else "**missed**")
+    rows.append([f"{_expr_text(ref)} at {_shape(ref)}", f">= {target:.2f}x", *cells, verdict])
+  if steps:
+    model = steps[0]["problem"]
+    ref = next((r for r in steps if r["backend"] == REF and r["problem"] == model), None)
+    cells = [f"{num(ref['time_ms_median']):.2f} ms" if ref and ref["status"] == "ok"
+             else (ref["status"] if ref else "-")]
+    verdict = "not measured"
+    for b in bs:
+      rr = [r for r in steps if r["backend"] == b and r["problem"] == model]
+      ok = [r for r in rr if r["status"] == "ok" and num(r.get("speedup_vs_xla"))]
+      if not ok:
+        cells.append("/".join(sorted({r["status"] for r in rr})) or "-")
+        if b == AUTO and any(r["status"] == "fail" for r in rr):
+          verdict = "**missed** (losses disagree)"
+        continue
+      r = max(ok, key=lambda r: num(r["speedup_vs_xla"]))
+      s = num(r["speedup_vs_xla"])
+      cells.append(f"{num(r['time_ms_median']):.2f} ms ({_fmt_x(s)})")
+      if b == AUTO:
+        verdict = "met" if s >= EPILOGUE_TRAIN_TARGET else "**missed**"
+    rows.append([f"SwiGLU training step ({model}), default", f">= {EPILOGUE_TRAIN_TARGET:.2f}x",
+                 *cells, verdict])
+  if not rows:
+    return []
+  return _table(["expression at MxKxN", "target vs XLA", "XLA", *[
+      "default (auto)" if b == AUTO else f"{b} (best variant)" for b in bs], ""], rows)
+
+
 def backend_suite_table(run: Run) -> list[str]:
   """Per backend (its best variant on each problem): geomean speedup per suite."""
   bs = list(run.backend_variants)
@@ -545,7 +701,8 @@ def training_table(run: Run) -> list[str]:
 def _training_table(steps: list[dict]) -> list[str]:
   rows = []
   for r in steps:
-    who = (("XLA lax.ragged_dot" if _is_moe_step(r) else "XLA dot") if r["backend"] == REF
+    who = (("XLA lax.ragged_dot" if _is_moe_step(r) else "XLA (jnp)" if _is_epilogue_step(r)
+            else "XLA dot") if r["backend"] == REF
            else f"{r['backend']}/{r['variant']}")
     t = num(r["time_ms_median"])
     w = num(r.get("step_wall_ms"))
@@ -660,11 +817,18 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
   moe = moe_targets_table(run)
   if moe:
     lines += ["## Grouped GEMM targets (issue 26)", "", MOE_TARGETS_NOTE, "", *moe, ""]
+  epi = epilogue_targets_table(run)
+  if epi:
+    lines += ["## GEMM epilogue targets (issue 27)", "", EPILOGUE_TARGETS_NOTE, "", *epi, ""]
   lines += ["## Kernel ladders", "", *ladder_tables(run), ""]
   for suite in run.suites:
     if run.is_moe(suite):
       lines += [f"## Suite `{suite}` (grouped GEMM)", "", MOE_TABLE_NOTE, "",
                 *moe_table(run, suite), ""]
+      continue
+    if run.is_epilogue(suite):
+      lines += [f"## Suite `{suite}` (GEMM epilogues)", "", EPILOGUE_TABLE_NOTE, "",
+                *epilogue_table(run, suite), ""]
       continue
     lines += [f"## Suite `{suite}`", "", *suite_table(run, suite), ""]
   tt = training_table(run)
@@ -713,6 +877,13 @@ def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
     if run.is_moe(suite):
       lines += [f"#### Grouped GEMM: suite `{suite}`", "", MOE_TABLE_NOTE, "",
                 *moe_table(run, suite), ""]
+  epi = epilogue_targets_table(run)
+  if epi:
+    lines += ["#### GEMM epilogue targets (issue 27)", "", EPILOGUE_TARGETS_NOTE, "", *epi, ""]
+  for suite in run.suites:
+    if run.is_epilogue(suite):
+      lines += [f"#### GEMM epilogues: suite `{suite}`", "", EPILOGUE_TABLE_NOTE, "",
+                *epilogue_table(run, suite), ""]
   tt = training_table(run)
   if tt:
     lines += ["#### Training step", "", *tt, ""]

@@ -95,8 +95,12 @@ class Run:
     return rr[0] if rr else None
 
   def is_moe(self, suite: str) -> bool:
-    """Whether `suite` holds grouped GEMMs (ragged_dot: rows with a `mode`)."""
-    return any(r.get("mode") for r in self.problems(suite))
+    """Whether `suite` holds grouped GEMMs (ragged_dot: rows with a `mode`, no `expr`)."""
+    return any(r.get("mode") and not r.get("expr") for r in self.problems(suite))
+
+  def is_epilogue(self, suite: str) -> bool:
+    """Whether `suite` holds GEMM epilogue expressions (rows with an `expr`)."""
+    return any(r.get("expr") for r in self.problems(suite))
 
   def auto(self, suite: str, problem: str) -> dict | None:
     """The default's (backend='auto') row of the problem, if it ran."""
