@@ -19,6 +19,17 @@ grouped GEMMs run on the chosen backend (XLA's `lax.ragged_dot` for the
 reference) and every dense layer on XLA's dot, so the models differ only in
 their grouped GEMMs.
 
+The SwiGLU variant (`ModelConfig.mlp` "swiglu"; the epilogue suites run it, see
+epilogue.py) is LLaMA-style: each MLP is `down(silu(x @ w_gate + b_gate) * (x @ w_up +
+b_up))`, and every projection but the logits has a bias. Its dense layers run as
+fused epilogues on the chosen backend: the QKV projection `jaxgemm.matmul(x, w,
+bias=b)`, the attention output and the MLP's down projection with the residual add
+fused, `jaxgemm.matmul(x, w, bias=b, residual=h)`, the gate and up projections as one
+`jaxgemm.glu(x, w_gate, w_up, bias_gate=, bias_up=)`, the logits `jaxgemm.matmul`;
+XLA's model runs the same jnp expressions (`x @ w + b`, `h + (x @ w + b)`,
+`jax.nn.silu(x @ wg + bg) * (x @ wu + bu)`). The biases start small and random
+(normal(0, 0.1)), so that the bias epilogues count from step 0.
+
 The task is learnable, so the loss falls: tokens are uniform random, the target
 of each position is a fixed random permutation of its token, or (LABEL_NOISE)
 a random token, so that the loss levels off at O(1) instead of vanishing. Both models start
@@ -36,7 +47,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,16 +57,17 @@ import jaxgemm
 from jaxgemm.timing import summarize, time_paired
 
 from . import problems as P
-from .runner import (AUTO, AUTO_VARIANT, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL,
-                     STATUS_OK, STATUS_SKIPPED, STATUS_UNSUPPORTED, TOLERANCE, Context, Watchdog,
-                     base_row, excluded, is_not_implemented, precision_of, short_error)
+from .runner import (AUTO, AUTO_VARIANT, DEFAULT_VARIANT, REF, REF_VARIANT, STATUS_ERROR,
+                     STATUS_FAIL, STATUS_OK, STATUS_SKIPPED, STATUS_UNSUPPORTED, TOLERANCE,
+                     Context, Watchdog, base_row, excluded, is_not_implemented, precision_of,
+                     short_error)
 
 # Largest relative difference |loss - loss_xla| / loss_xla allowed at any step.
 TRAJECTORY_TOL = {"bf16": 5e-2, "fp16": 3e-2, "fp32": 2e-2, "fp32-highest": 1e-3}
 # Step 0 (same parameters, same batch): loss and gradients must match closely.
 GRAD_TOL_FACTOR = 5.0   # x the GEMM tolerance of the dtype (errors add up over layers)
-# variant=None: the backend picks a variant per GEMM (forward and backward shapes differ).
-DEFAULT_VARIANT = "(default)"
+# variant=None: the backend picks a variant per GEMM (forward and backward shapes differ);
+# DEFAULT_VARIANT ("(default)", runner's) labels it.
 # On a CPU, a kernel trains only if its interpreted GEMMs took at most this (s per call).
 CPU_TRAIN_CALL_S = 0.15
 # A training run (compile, all steps, timing) may take this many kernel timeouts.
@@ -87,6 +99,10 @@ class ModelConfig:
   # each a SwiGLU MLP of width d_ff (gate, up, down).
   n_experts: int = 0
   top_k: int = 2
+  # The MLP of a dense model: "gelu" (up, GELU, down; no biases) or "swiglu" (LLaMA-style
+  # gate and up, SiLU gate, down; every projection but the logits biased, run as fused
+  # epilogues: jaxgemm.matmul(..., bias=, residual=) and jaxgemm.glu).
+  mlp: str = "gelu"
 
   @property
   def tokens(self) -> int:
@@ -97,15 +113,23 @@ class ModelConfig:
     return self.n_experts > 0
 
   @property
+  def swiglu(self) -> bool:
+    return not self.moe and self.mlp == "swiglu"
+
+  @property
   def op(self) -> str:
-    """The op whose backends the model's step compares: matmul, or ragged_dot (MoE)."""
-    return "ragged_dot" if self.moe else "matmul"
+    """The op whose backends the model's step compares: matmul, ragged_dot (MoE), or
+    fused_matmul (the SwiGLU model's fused epilogues)."""
+    return "ragged_dot" if self.moe else "fused_matmul" if self.swiglu else "matmul"
 
   @property
   def name(self) -> str:
     if self.moe:
       return (f"moe.L{self.n_layers}.d{self.d_model}.e{self.n_experts}k{self.top_k}"
               f".ff{self.d_ff}.v{self.vocab}.b{self.batch}.s{self.seq}")
+    if self.swiglu:
+      return (f"swiglu.L{self.n_layers}.d{self.d_model}.ff{self.d_ff}.v{self.vocab}"
+              f".b{self.batch}.s{self.seq}")
     return (f"transformer.L{self.n_layers}.d{self.d_model}.ff{self.d_ff}.v{self.vocab}"
             f".b{self.batch}.s{self.seq}")
 
@@ -114,7 +138,7 @@ class ModelConfig:
     """FLOPs of the GEMMs per step (dense, and an MoE's router and grouped GEMMs over its
     top_k copies of each token): forward + two backward GEMMs each."""
     mlp = (self.d_model * self.n_experts + 3 * self.top_k * self.d_model * self.d_ff
-           if self.moe else 2 * self.d_model * self.d_ff)
+           if self.moe else (3 if self.swiglu else 2) * self.d_model * self.d_ff)
     per_token = self.n_layers * (3 * self.d_model ** 2 + self.d_model ** 2
                                  + mlp) + self.d_model * self.vocab
     return 3 * 2 * self.tokens * per_token
@@ -122,7 +146,10 @@ class ModelConfig:
   def describe(self) -> str:
     mlp = (f"MoE MLP of {self.n_experts} SwiGLU experts of width {self.d_ff} (top-"
            f"{self.top_k} routing, grouped GEMMs; dense layers on XLA's dot)"
-           if self.moe else f"MLP {self.d_ff}")
+           if self.moe else
+           f"LLaMA-style SwiGLU MLP of width {self.d_ff} and biased projections, as fused "
+           "epilogues (jaxgemm.glu, jaxgemm.matmul(bias=, residual=))" if self.swiglu
+           else f"MLP {self.d_ff}")
     return (f"{self.n_layers}-layer decoder, d_model {self.d_model}, {self.n_heads} heads, "
             f"{mlp}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
             f"Adam lr {self.lr} (warmup {self.warmup_steps} steps, gradients clipped to "
@@ -143,6 +170,22 @@ CPU_MOE_MODEL = ModelConfig(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, n_la
                             vocab=64, steps=4, n_experts=4, top_k=2)
 
 
+# The SwiGLU step (issue 27): the dense model's size, with LLaMA's MLP width for d_model
+# 1024 (8/3 d rounded up to a multiple of 256).
+GPU_SWIGLU_MODEL = ModelConfig(batch=8, seq=1024, d_model=1024, n_heads=16, d_ff=2816,
+                               n_layers=2, vocab=8192, steps=50, mlp="swiglu")
+GPU_SWIGLU_MODEL_QUICK = dataclasses.replace(GPU_SWIGLU_MODEL, steps=15)
+CPU_SWIGLU_MODEL = ModelConfig(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, n_layers=1,
+                               vocab=64, steps=4, mlp="swiglu")
+
+
+def swiglu_model(on_gpu: bool, quick: bool = False) -> ModelConfig:
+  """The SwiGLU step's model for this machine."""
+  if not on_gpu:
+    return CPU_SWIGLU_MODEL
+  return GPU_SWIGLU_MODEL_QUICK if quick else GPU_SWIGLU_MODEL
+
+
 def moe_model(on_gpu: bool, quick: bool = False) -> ModelConfig:
   """The MoE step's model for this machine."""
   if not on_gpu:
@@ -154,7 +197,8 @@ def moe_model(on_gpu: bool, quick: bool = False) -> ModelConfig:
 
 def init_params(cfg: ModelConfig, seed: int):
   key = jax.random.key(seed)
-  ks = iter(jax.random.split(key, 4 + (6 if cfg.moe else 4) * cfg.n_layers))
+  ks = iter(jax.random.split(key, 4 + (6 if cfg.moe else 10 if cfg.swiglu else 4)
+                             * cfg.n_layers))
 
   def dense(k, d_in, d_out, experts=()):
     return jax.random.normal(k, (*experts, d_in, d_out), jnp.float32) / math.sqrt(d_in)
@@ -174,6 +218,22 @@ def init_params(cfg: ModelConfig, seed: int):
           "gate": dense(next(ks), cfg.d_model, cfg.d_ff, e),
           "up": dense(next(ks), cfg.d_model, cfg.d_ff, e),
           "down": dense(next(ks), cfg.d_ff, cfg.d_model, e),
+      })
+      continue
+    if cfg.swiglu:
+      def bias(k, n):
+        return 0.1 * jax.random.normal(k, (n,), jnp.float32)
+      params["layers"].append({
+          "qkv": dense(next(ks), cfg.d_model, 3 * cfg.d_model),
+          "qkv_b": bias(next(ks), 3 * cfg.d_model),
+          "o": dense(next(ks), cfg.d_model, cfg.d_model),
+          "o_b": bias(next(ks), cfg.d_model),
+          "gate": dense(next(ks), cfg.d_model, cfg.d_ff),
+          "gate_b": bias(next(ks), cfg.d_ff),
+          "up": dense(next(ks), cfg.d_model, cfg.d_ff),
+          "up_b": bias(next(ks), cfg.d_ff),
+          "down": dense(next(ks), cfg.d_ff, cfg.d_model),
+          "down_b": bias(next(ks), cfg.d_model),
       })
       continue
     params["layers"].append({
@@ -214,23 +274,66 @@ def moe_mlp(x, lp, *, cfg: ModelConfig, gmm: Callable, dtype):
   return jnp.sum(y.reshape(t, k, d) * weights[..., None].astype(dtype), axis=1)
 
 
+class Epilogues(NamedTuple):
+  """The SwiGLU model's dense layers (`make_epilogues`): on XLA, jnp expressions;
+  on a backend, jaxgemm's fused epilogues.
+
+  linear(x, w, b=None, residual=None) = x @ w + b + residual (2-D x; b, residual optional)
+  glu(x, wg, wu, bg, bu) = silu(x @ wg + bg) * (x @ wu + bu)
+  """
+
+  linear: Callable
+  glu: Callable
+
+
+def swiglu_block(h, lp, *, cfg: ModelConfig, ep: Epilogues, dtype, attention: Callable):
+  """One LLaMA-style layer with biased projections on tokens h (b, s, d), every dense
+  layer through `ep`: the residual adds fused into the attention output and the MLP's
+  down projection."""
+  b, s, d = h.shape
+  flat = h.reshape(b * s, d)
+
+  def p(name):
+    return lp[name].astype(dtype)
+
+  qkv = ep.linear(_rmsnorm(flat), p("qkv"), p("qkv_b"))
+  ctx = attention(qkv.reshape(b, s, 3 * d)).reshape(b * s, d)
+  flat = ep.linear(ctx, p("o"), p("o_b"), flat)                  # h + (ctx @ o + o_b)
+  g = ep.glu(_rmsnorm(flat), p("gate"), p("up"), p("gate_b"), p("up_b"))
+  flat = ep.linear(g, p("down"), p("down_b"), flat)              # h + (g @ down + down_b)
+  return flat.reshape(b, s, d)
+
+
 def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dtype,
-                 gmm: Callable | None = None):
-  """Mean cross-entropy; every dense layer is mm(x, w), an MoE's grouped GEMMs gmm."""
+                 gmm: Callable | None = None, ep: Epilogues | None = None):
+  """Mean cross-entropy; every dense layer is mm(x, w), an MoE's grouped GEMMs gmm, the
+  SwiGLU model's dense layers ep's."""
   b, s = tokens.shape
   h = params["embed"][tokens].astype(dtype)
   heads, dh = cfg.n_heads, cfg.d_model // cfg.n_heads
   mask = jnp.tril(jnp.ones((s, s), bool))
-  for lp in params["layers"]:
-    x = _rmsnorm(h)
-    qkv = mm(x, lp["qkv"].astype(dtype))                       # (b, s, 3d)
+
+  def attention(qkv):
+    """Causal multi-head attention on XLA in every model: (b, s, 3d) -> (b, s, d)."""
     q, k, v = jnp.split(qkv.reshape(b, s, 3, heads, dh), 3, axis=2)
     q, k, v = (t[:, :, 0] for t in (q, k, v))                   # (b, s, heads, dh)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
                         preferred_element_type=jnp.float32) / math.sqrt(dh)
     scores = jnp.where(mask, scores, -1e30)
     att = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    ctx = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, s, cfg.d_model)
+    return jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, s, cfg.d_model)
+
+  if cfg.swiglu:
+    for lp in params["layers"]:
+      h = swiglu_block(h, lp, cfg=cfg, ep=ep, dtype=dtype, attention=attention)
+    logits = ep.linear(_rmsnorm(h).reshape(b * s, cfg.d_model),
+                       params["out"].astype(dtype)).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits.reshape(b, s, cfg.vocab), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+  for lp in params["layers"]:
+    x = _rmsnorm(h)
+    ctx = attention(mm(x, lp["qkv"].astype(dtype)))            # qkv: (b, s, 3d)
     h = h + mm(ctx, lp["o"].astype(dtype))
     x = _rmsnorm(h)
     if cfg.moe:
@@ -292,8 +395,48 @@ def make_gmm(backend: str, variant: str, dtype_name: str) -> Callable:
                                              variant=v)
 
 
-def make_step(cfg: ModelConfig, mm: Callable, dtype, gmm: Callable | None = None):
-  loss_fn = functools.partial(forward_loss, cfg=cfg, mm=mm, dtype=dtype, gmm=gmm)
+def _variant_of(backend: str, variant: str | None, op: str) -> str | None:
+  """`variant` where it is one of the backend's for `op`, else None (its own choice):
+  a variant named for the fused epilogues may not exist for glu or the bare matmul."""
+  if variant is None:
+    return None
+  try:
+    return variant if variant in jaxgemm.variants(backend, op) else None
+  except ValueError:   # no kernels of `op` on this backend: the call says so
+    return None
+
+
+def make_epilogues(backend: str, variant: str, dtype_name: str) -> Epilogues:
+  """The SwiGLU model's dense layers: jnp on XLA (REF), else jaxgemm's fused epilogues."""
+  prec = precision_of(dtype_name)
+  if backend == REF:
+    def linear(x, w, b=None, residual=None):
+      y = jnp.matmul(x, w, precision=prec)
+      y = y if b is None else y + b
+      return y if residual is None else y + residual
+
+    def glu(x, wg, wu, bg, bu):
+      return jax.nn.silu(jnp.matmul(x, wg, precision=prec) + bg) * (
+          jnp.matmul(x, wu, precision=prec) + bu)
+    return Epilogues(linear, glu)
+  v = None if backend == AUTO or variant == DEFAULT_VARIANT else variant
+  kw = dict(precision=prec, backend=backend)
+
+  def linear(x, w, b=None, residual=None):   # noqa: F811
+    if b is None and residual is None:
+      return jaxgemm.matmul(x, w, variant=_variant_of(backend, v, "matmul"), **kw)
+    return jaxgemm.matmul(x, w, bias=b, residual=residual,
+                          variant=_variant_of(backend, v, "fused_matmul"), **kw)
+
+  def glu(x, wg, wu, bg, bu):   # noqa: F811
+    return jaxgemm.glu(x, wg, wu, activation="silu", bias_gate=bg, bias_up=bu,
+                       variant=_variant_of(backend, v, "glu"), **kw)
+  return Epilogues(linear, glu)
+
+
+def make_step(cfg: ModelConfig, mm: Callable, dtype, gmm: Callable | None = None,
+              ep: Epilogues | None = None):
+  loss_fn = functools.partial(forward_loss, cfg=cfg, mm=mm, dtype=dtype, gmm=gmm, ep=ep)
 
   def step(params, opt, tokens, targets):
     loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
@@ -333,7 +476,7 @@ def _tree_rel_err(a, b) -> float:
 
 def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_name: str,
               mm: Callable | None = None, reference: Callable | None = None,
-              gmm: Callable | None = None):
+              gmm: Callable | None = None, ep: Epilogues | None = None):
   """Trains `cfg` on one GEMM implementation: (losses, grads0, step stats, info).
 
   grads0, the gradient at step 0, is read off Adam's first moment after the
@@ -343,14 +486,17 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
   info["compiled"] is the compiled step; with `reference` (XLA's compiled
   step) the two are timed interleaved and info["xla_ms"] is XLA's median.
   An MoE model's dense layers run on XLA's dot and its grouped GEMMs on
-  (backend, variant), unless `mm` / `gmm` say otherwise.
+  (backend, variant), unless `mm` / `gmm` say otherwise; the SwiGLU model's dense
+  layers on `ep` (default `make_epilogues(backend, variant)`).
   """
   dtype = P.dtype_of(dtype_name)
   if cfg.moe:
     mm = mm or make_mm(REF, REF_VARIANT, dtype_name)
     gmm = gmm or make_gmm(backend, variant, dtype_name)
+  if cfg.swiglu:
+    ep = ep or make_epilogues(backend, variant, dtype_name)
   mm = mm or make_mm(backend, variant, dtype_name)
-  step = make_step(cfg, mm, dtype, gmm)
+  step = make_step(cfg, mm, dtype, gmm, ep)
   params = init_params(cfg, ctx.seed)
   opt = adam_init(params)
   data = list(batches(cfg, ctx.seed))
@@ -398,7 +544,9 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
 
   An MoE `cfg` (the moe suites, rows labelled with `suite`) compares the backends of
   op ragged_dot on its grouped GEMMs; `mm_factory` then makes its grouped GEMM
-  (x, w, group_sizes) -> y."""
+  (x, w, group_sizes) -> y. A SwiGLU `cfg` (the epilogue suites) compares the backends
+  of op fused_matmul (and glu) on its dense layers; `mm_factory` then makes its
+  `Epilogues`."""
   from .runner import Progress, slow_key  # noqa: PLC0415
 
   dtype_name = ctx.dtype_name
@@ -413,6 +561,8 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     """train_one's mm and gmm for (backend, variant)."""
     if mm_factory is None:
       return {}
+    if cfg.swiglu:
+      return {"ep": mm_factory(backend, variant)}
     return {"gmm": mm_factory(backend, variant)} if cfg.moe else {
         "mm": mm_factory(backend, variant)}
 
@@ -433,6 +583,12 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
       kernels += [(b, v, "") for v in vs]
     elif ctx.on_gpu or not ctx.call_s:
       kernels.append((b, DEFAULT_VARIANT, ""))
+    elif key(b, DEFAULT_VARIANT) in ctx.call_s:
+      # CPU, after the epilogue suites, which ran each backend with variant=None.
+      s = ctx.slow.get(key(b, DEFAULT_VARIANT)) or ctx.call_s[key(b, DEFAULT_VARIANT)]
+      kernels.append((b, DEFAULT_VARIANT, "" if s <= CPU_TRAIN_CALL_S else
+                      f"skip: its interpreted calls took {s:.2f} s in the suite's problems "
+                      f"(> {CPU_TRAIN_CALL_S} s); a training step would take too long on a CPU"))
     else:
       # CPU, after the GEMM suites: interpreted steps are slow, so take the highest
       # rung whose interpreted GEMMs were fast there, and say so.
