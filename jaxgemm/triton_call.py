@@ -51,16 +51,20 @@ class Launch:
 
   kernel: Any                    # a triton.JITFunction
   grid: tuple[int, ...]
-  out_shape: jax.ShapeDtypeStruct
+  # One output, or a tuple of them (the kernel's last pointer arguments, in order).
+  out_shape: jax.ShapeDtypeStruct | tuple[jax.ShapeDtypeStruct, ...]
   num_warps: int
   num_stages: int
   constexprs: tuple[tuple[str, Any], ...]
 
   @classmethod
   def make(cls, kernel, grid, out_shape, *, num_warps, num_stages, **constexprs):
+    """None is a constexpr too: a pointer argument the kernel does not use (it must
+    come after every array argument, which jax-triton passes by position)."""
     for name, value in constexprs.items():
-      if not isinstance(value, (bool, int, str)) or isinstance(value, np.generic):
-        raise TypeError(f"constexpr {name}={value!r} must be a Python bool, int or str")
+      if (value is not None and not isinstance(value, (bool, int, str))
+          or isinstance(value, np.generic)):
+        raise TypeError(f"constexpr {name}={value!r} must be a Python bool, int, str or None")
     return cls(kernel, tuple(int(g) for g in grid), out_shape, num_warps, num_stages,
                tuple(sorted(constexprs.items())))
 
@@ -70,8 +74,10 @@ def interpreting_bf16(dtype, platform: str) -> bool:
   return platform == "cpu" and np.dtype(dtype) == jnp.bfloat16
 
 
-def call(launch: Launch, *arrays: jax.Array, platform: str) -> jax.Array:
-  """Runs `launch` on `arrays` (device pointers in order, output appended last)."""
+def call(launch: Launch, *arrays: jax.Array, platform: str):
+  """Runs `launch` on `arrays` (device pointers in order, outputs appended last).
+
+  Returns one array, or a tuple where `launch.out_shape` is a tuple."""
   for i, x in enumerate(arrays):
     if isinstance(x, (bool, int, float)):
       raise TypeError(f"argument {i} is a Python scalar ({x!r}): pass integers as "
@@ -97,11 +103,13 @@ def _interpret(launch: Launch, *arrays):
   def on_host(*host_arrays):
     import torch  # noqa: PLC0415 (tests-only dependency: the interpreter's tensors)
     tensors = [_to_torch(np.array(x)) for x in host_arrays]  # writable copies for torch
-    out = np.empty(launch.out_shape.shape, launch.out_shape.dtype)
-    out_t = _to_torch(out)
+    shapes = launch.out_shape if isinstance(launch.out_shape, tuple) else (launch.out_shape,)
+    outs = [np.empty(s.shape, s.dtype) for s in shapes]
     with _INTERPRETER_LOCK, _interpreted_language():
-      _interpreted(launch.kernel)[launch.grid](*tensors, out_t, **dict(launch.constexprs))
-    return out  # out_t shares out's memory
+      _interpreted(launch.kernel)[launch.grid](*tensors, *map(_to_torch, outs),
+                                               **dict(launch.constexprs))
+    # the torch tensors share the arrays' memory
+    return tuple(outs) if isinstance(launch.out_shape, tuple) else outs[0]
   return jax.pure_callback(on_host, launch.out_shape, *arrays)
 
 

@@ -27,7 +27,8 @@ def misaligned_rows(problem: GemmProblem) -> str | None:
   return None
 
 
-def tensor_core_layout(matmul, problem: GemmProblem, config, platform: str):
+def tensor_core_layout(matmul, problem: GemmProblem, config, platform: str,
+                       extra_roles: tuple[str, ...] = ()):
   """Runs a tensor-core rung on operands laid out the way wgmma wants them.
 
   * TF32 wgmma reads both operands K-major from shared memory. Triton meets an
@@ -43,9 +44,21 @@ def tensor_core_layout(matmul, problem: GemmProblem, config, platform: str):
     C at its real (M, N) so nothing is sliced afterwards.
 
   `config.align_operands=False` skips both: the call is the kernel alone.
+
+  extra_roles: one per operand after A and B (the fused epilogues'), "a" or "b"
+  for a tensor stored like A or B (a gate's Z, GLU's second weight: relaid and
+  padded exactly as that operand, so the kernel indexes it with the operand's
+  strides; zeros past the edges), "out" for one in C's coordinates (bias,
+  residual: as given, the kernel reads them at C's real (M, N)). With extras,
+  `matmul` is called as `matmul(a, b, problem, config, platform, out_mn=...,
+  extras=(...))`.
   """
+  def run(a, b, extras, laid_out, out_mn=None):
+    kw = dict(extras=tuple(extras)) if extra_roles else {}
+    return matmul(a, b, laid_out, config, platform, out_mn=out_mn, **kw)
+
   if not config.align_operands:
-    return lambda a, b: matmul(a, b, problem, config, platform)
+    return lambda a, b, *extras: run(a, b, extras, problem)
   a_transpose = problem.fp32_precision is not None and problem.trans_a
   b_transpose = problem.fp32_precision is not None and not problem.trans_b
   laid_out = dataclasses.replace(problem, trans_a=problem.trans_a and not a_transpose,
@@ -57,17 +70,21 @@ def tensor_core_layout(matmul, problem: GemmProblem, config, platform: str):
                                    n=up(problem.n) if not laid_out.trans_b else problem.n,
                                    k=up(problem.k))
   if laid_out == problem:
-    return lambda a, b: matmul(a, b, problem, config, platform)
+    return lambda a, b, *extras: run(a, b, extras, problem)
 
   def pad(x, shape):
     return jnp.pad(x, [(0, want - have) for have, want in zip(x.shape, shape)])
 
-  def laid_out_matmul(a, b):
-    if a_transpose:
-      a = jnp.swapaxes(a, 1, 2)
-    if b_transpose:
-      b = jnp.swapaxes(b, 1, 2)
-    return matmul(pad(a, laid_out.a_shape), pad(b, laid_out.b_shape), laid_out, config,
-                  platform, out_mn=(problem.m, problem.n))
+  def like_a(x):
+    return pad(jnp.swapaxes(x, 1, 2) if a_transpose else x, laid_out.a_shape)
+
+  def like_b(x):
+    return pad(jnp.swapaxes(x, 1, 2) if b_transpose else x, laid_out.b_shape)
+
+  relayout = {"a": like_a, "b": like_b, "out": lambda x: x}
+
+  def laid_out_matmul(a, b, *extras):
+    extras = [relayout[role](x) for role, x in zip(extra_roles, extras, strict=True)]
+    return run(like_a(a), like_b(b), extras, laid_out, out_mn=(problem.m, problem.n))
 
   return laid_out_matmul
