@@ -15,6 +15,8 @@ Measured: see the ladder table in README.md (bench/results).
 from jaxgemm.kernels.triton.matmul.tiled import blocked_matmul
 
 
-def matmul(a, b, problem, config, platform, out_mn=None):
+def matmul(a, b, problem, config, platform, out_mn=None, extras=()):
+  """extras: the operands after A and B of a `FusedMatmulProblem` (its fused epilogue or gate)."""
   return blocked_matmul(a, b, problem, config, platform, upcast=False,
-                        dot_precision=problem.fp32_precision or "tf32", out_mn=out_mn)
+                        dot_precision=problem.fp32_precision or "tf32", out_mn=out_mn,
+                        extras=extras)

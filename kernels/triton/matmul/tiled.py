@@ -24,7 +24,9 @@ import triton
 import triton.language as tl
 
 from jaxgemm import triton_call
+from jaxgemm.kernels.triton import epilogue
 from jaxgemm.kernels.triton.common import grouped_tile, store_tile, tile_ptrs
+from jaxgemm.kernels.triton.epilogue import apply_epilogue, gate_operand
 
 
 @triton.jit
@@ -35,8 +37,14 @@ def accumulate_tile(
     B_STRIDE_K: tl.constexpr, B_STRIDE_N: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+    gate_ptr=None, GATE: tl.constexpr = "", GATE_ACTIVATION: tl.constexpr = "",
 ):
-  """The fp32 (BLOCK_M, BLOCK_N) tile of A[batch] @ B[batch] over K in [k_start, k_start + k_len)."""
+  """The fp32 (BLOCK_M, BLOCK_N) tile of A[batch] @ B[batch] over K in [k_start, k_start + k_len).
+
+  GATE "lhs" ("rhs"): each A (B) tile is first multiplied by GATE_ACTIVATION'(Z),
+  Z's tile read at gate_ptr with A's (B's) strides, in fp32 and rounded back to
+  the operand's dtype (`epilogue.gate_operand`).
+  """
   # Rows (columns) past M (N) wrap around instead of being masked: the loads
   # stay in bounds and unmasked, and those results are never stored.
   offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
@@ -46,15 +54,27 @@ def accumulate_tile(
                      INDEX_64)
   b_ptrs = tile_ptrs(b_ptr, batch, k_start + offs_k, offs_n, K * N, B_STRIDE_K, B_STRIDE_N,
                      INDEX_64)
+  if GATE == "lhs":
+    g_ptrs = tile_ptrs(gate_ptr, batch, offs_m, k_start + offs_k, M * K, A_STRIDE_M,
+                       A_STRIDE_K, INDEX_64)
+  if GATE == "rhs":
+    g_ptrs = tile_ptrs(gate_ptr, batch, k_start + offs_k, offs_n, K * N, B_STRIDE_K,
+                       B_STRIDE_N, INDEX_64)
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   for k in range(0, tl.cdiv(k_len, BLOCK_K)):
+    k_left = k_len - k * BLOCK_K
     if EVEN_K:
       a = tl.load(a_ptrs)
       b = tl.load(b_ptrs)
     else:
-      k_left = k_len - k * BLOCK_K
       a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
       b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+    if GATE == "lhs":
+      a = gate_operand(a, g_ptrs, offs_k[None, :] < k_left, GATE_ACTIVATION, not EVEN_K)
+      g_ptrs += BLOCK_K * A_STRIDE_K
+    if GATE == "rhs":
+      b = gate_operand(b, g_ptrs, offs_k[:, None] < k_left, GATE_ACTIVATION, not EVEN_K)
+      g_ptrs += BLOCK_K * B_STRIDE_K
     if UPCAST_OPERANDS:
       a = a.to(tl.float32)
       b = b.to(tl.float32)
@@ -75,11 +95,60 @@ def blocked_matmul_kernel(
     OUT_M: tl.constexpr, OUT_N: tl.constexpr,
     UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
 ):
-  """C[b] = A[b] @ B[b] for one (batch, tile, K-slice) per program.
+  """C[b] = A[b] @ B[b] for one (batch, tile, K-slice) per program (`blocked_program`)."""
+  blocked_program(a_ptr, b_ptr, None, None, None, c_ptr, None, BATCH, M, N, K,
+                  A_STRIDE_M, A_STRIDE_K, B_STRIDE_K, B_STRIDE_N, BLOCK_M, BLOCK_N, BLOCK_K,
+                  GROUP_M, SPLIT_K, EVEN_K, OUT_M, OUT_N, UPCAST_OPERANDS, DOT_PRECISION,
+                  INDEX_64, 0, "", False, "", "", False)
+
+
+@triton.jit
+def blocked_epilogue_kernel(
+    a_ptr, b_ptr, bias_ptr, res_ptr, gate_ptr, c_ptr, z_ptr,
+    BATCH: tl.constexpr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+    A_STRIDE_M: tl.constexpr, A_STRIDE_K: tl.constexpr,
+    B_STRIDE_K: tl.constexpr, B_STRIDE_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    OUT_M: tl.constexpr, OUT_N: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+    BIAS: tl.constexpr, ACTIVATION: tl.constexpr, RESIDUAL: tl.constexpr,
+    GATE: tl.constexpr, GATE_ACTIVATION: tl.constexpr, SAVE_PREACTIVATION: tl.constexpr,
+):
+  """The same kernel with a fused epilogue or gate (`blocked_program`), never split over K.
+
+  Pointers the problem does not use (bias, residual, gate Z) are stand-ins
+  (any array, never read); z_ptr is None unless SAVE_PREACTIVATION.
+  """
+  blocked_program(a_ptr, b_ptr, bias_ptr, res_ptr, gate_ptr, c_ptr, z_ptr, BATCH, M, N, K,
+                  A_STRIDE_M, A_STRIDE_K, B_STRIDE_K, B_STRIDE_N, BLOCK_M, BLOCK_N, BLOCK_K,
+                  GROUP_M, 1, EVEN_K, OUT_M, OUT_N, UPCAST_OPERANDS, DOT_PRECISION,
+                  INDEX_64, BIAS, ACTIVATION, RESIDUAL, GATE, GATE_ACTIVATION,
+                  SAVE_PREACTIVATION)
+
+
+@triton.jit
+def blocked_program(
+    a_ptr, b_ptr, bias_ptr, res_ptr, gate_ptr, c_ptr, z_ptr,
+    BATCH: tl.constexpr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+    A_STRIDE_M: tl.constexpr, A_STRIDE_K: tl.constexpr,
+    B_STRIDE_K: tl.constexpr, B_STRIDE_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    OUT_M: tl.constexpr, OUT_N: tl.constexpr,
+    UPCAST_OPERANDS: tl.constexpr, DOT_PRECISION: tl.constexpr, INDEX_64: tl.constexpr,
+    BIAS: tl.constexpr, ACTIVATION: tl.constexpr, RESIDUAL: tl.constexpr,
+    GATE: tl.constexpr, GATE_ACTIVATION: tl.constexpr, SAVE_PREACTIVATION: tl.constexpr,
+):
+  """C[b] = epilogue(A[b] @ B[b]) for one (batch, tile, K-slice) per program.
 
   Grid: (B * tiles, SPLIT_K). C is (B, OUT_M, OUT_N): the operands may be
   zero-padded past it (see `aligned_operands`). With SPLIT_K > 1, c_ptr is an
-  fp32 workspace of shape (SPLIT_K * B, OUT_M, OUT_N), one partial sum per slice.
+  fp32 workspace of shape (SPLIT_K * B, OUT_M, OUT_N), one partial sum per slice
+  (no epilogue: it needs the whole K sum). The epilogue (`epilogue.apply_epilogue`:
+  BIAS 0/1 shared/2 batched, ACTIVATION, RESIDUAL, GATE "out") runs on the fp32
+  accumulator; GATE "lhs"/"rhs" gates the operand tiles (`accumulate_tile`);
+  SAVE_PREACTIVATION also stores Z = acc + bias at z_ptr.
   """
   tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
   pid = tl.program_id(0)
@@ -97,10 +166,14 @@ def blocked_matmul_kernel(
   acc = accumulate_tile(a_ptr, b_ptr, batch, pid_m, pid_n, k_start, k_len, M, N, K,
                         A_STRIDE_M, A_STRIDE_K, B_STRIDE_K, B_STRIDE_N,
                         BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST_OPERANDS, DOT_PRECISION,
-                        INDEX_64)
+                        INDEX_64, gate_ptr, GATE, GATE_ACTIVATION)
   offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
   offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-  store_tile(c_ptr, k_slice * BATCH + batch, offs_cm, offs_cn, acc, OUT_M, OUT_N, INDEX_64)
+  y, z = apply_epilogue(acc, batch, offs_cm, offs_cn, bias_ptr, res_ptr, gate_ptr, OUT_M, OUT_N,
+                        BIAS, ACTIVATION, RESIDUAL, GATE == "out", GATE_ACTIVATION, INDEX_64)
+  store_tile(c_ptr, k_slice * BATCH + batch, offs_cm, offs_cn, y, OUT_M, OUT_N, INDEX_64)
+  if SAVE_PREACTIVATION:
+    store_tile(z_ptr, batch, offs_cm, offs_cn, z, OUT_M, OUT_N, INDEX_64)
 
 
 def operand_strides(problem):
@@ -120,34 +193,51 @@ def needs_index_64(problem) -> bool:
 
 def blocked_launch(problem, config, platform, *, upcast: bool, dot_precision: str,
                    out_mn: tuple[int, int] | None = None):
-  """The launch of `blocked_matmul_kernel` for `problem` (its output is a workspace if split).
+  """The launch of `blocked_matmul_kernel` for `problem` (its output is a workspace if split),
+  or of `blocked_epilogue_kernel` for a `FusedMatmulProblem` (outputs C, and Z if saved).
 
   `out_mn`: the (M, N) of C when the operands are padded past it.
   """
   tiles = triton.cdiv(problem.m, config.block_m) * triton.cdiv(problem.n, config.block_n)
   split_k = config.split_k
   out_m, out_n = out_mn or (problem.m, problem.n)
+  fused = epilogue.is_fused(problem)
+  if fused and split_k > 1:
+    raise NotImplementedError(
+        f"{problem.describe()}: split-K cannot fuse an epilogue or a gate (the epilogue needs "
+        f"the whole K sum); use split_k=1")
   if split_k > 1:
     out_shape = jax.ShapeDtypeStruct((split_k * problem.batch, out_m, out_n), jnp.float32)
   else:
     out_shape = jax.ShapeDtypeStruct((problem.batch, out_m, out_n), problem.out_dtype)
-  return triton_call.Launch.make(
-      blocked_matmul_kernel, (problem.batch * tiles, split_k), out_shape,
-      num_warps=config.num_warps, num_stages=config.num_stages,
+  common = dict(
       BATCH=problem.batch, M=problem.m, N=problem.n, K=problem.k, **operand_strides(problem),
       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-      GROUP_M=config.group_m, SPLIT_K=split_k,
-      EVEN_K=problem.k % config.block_k == 0, OUT_M=out_m, OUT_N=out_n,
+      GROUP_M=config.group_m, EVEN_K=problem.k % config.block_k == 0, OUT_M=out_m, OUT_N=out_n,
       UPCAST_OPERANDS=upcast or triton_call.interpreting_bf16(problem.dtype, platform),
       DOT_PRECISION=dot_precision, INDEX_64=needs_index_64(problem))
+  if fused:
+    saves = problem.save_preactivation
+    return triton_call.Launch.make(
+        blocked_epilogue_kernel, (problem.batch * tiles, 1),
+        (out_shape, out_shape) if saves else out_shape,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **common, **epilogue.constexprs(problem), **({} if saves else dict(z_ptr=None)))
+  return triton_call.Launch.make(
+      blocked_matmul_kernel, (problem.batch * tiles, split_k), out_shape,
+      num_warps=config.num_warps, num_stages=config.num_stages, SPLIT_K=split_k, **common)
 
 
 def blocked_matmul(a, b, problem, config, platform, *, upcast: bool, dot_precision: str,
-                   out_mn=None):
-  """Launches `blocked_matmul_kernel` (and sums the split-K slices in fixed order)."""
+                   out_mn=None, extras=()):
+  """Launches `blocked_matmul_kernel` (and sums the split-K slices in fixed order), or
+  `blocked_epilogue_kernel` with `extras` (the operands after A and B) for a fused problem."""
   split_k = config.split_k
   launch = blocked_launch(problem, config, platform, upcast=upcast, dot_precision=dot_precision,
                           out_mn=out_mn)
+  if epilogue.is_fused(problem):
+    return triton_call.call(launch, a, b, *epilogue.pointer_arrays(problem, a, extras),
+                            platform=platform)
   c = triton_call.call(launch, a, b, platform=platform)
   if split_k == 1:
     return c

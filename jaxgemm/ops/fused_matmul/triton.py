@@ -1,0 +1,127 @@
+"""The `triton` backend of `fused_matmul`: the matmul's tensor-core kernels with the epilogue fused.
+
+Variants `tensorcore` and `persistent` are the matmul's rungs of those names
+(`jaxgemm.kernels.triton.matmul.tiled.blocked_epilogue_kernel`,
+`persistent.persistent_epilogue_kernel`): the same kernels with compile-time
+switches for a bias, an activation, a residual and the saved pre-activation
+(`jaxgemm.kernels.triton.epilogue`), or a gate ("out": the accumulator times
+act'(Z); "lhs"/"rhs": each loaded A/B tile times act'(Z), in fp32, rounded to
+the operand's dtype before the dot). Split-K is not offered: the epilogue
+needs the whole K sum (the kernel launch refuses it too).
+
+Operand layout (`matmul.layout.tensor_core_layout`): bias, residual and an
+"out" gate's Z are read in C's coordinates as given; an "lhs"/"rhs" gate's Z is
+transposed and zero-padded exactly as the operand it gates, so the kernel
+reads both with the same strides (the pad's zeros meet zeros of the operand).
+
+Heuristics are the matmul's on `problem.as_gemm()`; the config then shrinks
+(`within_shared_memory`) to the shared memory the epilogue adds, which the
+persistent rung stages (a second C tile where Z is saved).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import numpy as np
+
+from jaxgemm import registry
+from jaxgemm.config import KernelConfig, within_shared_memory
+from jaxgemm.ops import activations
+from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
+from jaxgemm.ops.matmul.triton import SMEM_BYTES, TritonConfig, TritonMatmul
+
+_VARIANTS = ("tensorcore", "persistent")
+
+
+class TritonFusedMatmul(registry.Backend):
+  op = "fused_matmul"
+  name = "triton"
+  # Code that decides a tuned config's speed: a change to it stales the records.
+  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.epilogue",
+                    "jaxgemm.kernels.triton.matmul", "jaxgemm.triton_call")
+  config_cls = TritonConfig
+  variants = _VARIANTS
+
+  def __init__(self, num_sms: int | None = None):
+    """num_sms: as `TritonMatmul`'s (the SMs the heuristic sizes grids for)."""
+    self._matmul = TritonMatmul(num_sms)
+
+  def for_platform(self, platform: str | None) -> "TritonFusedMatmul":
+    backend = TritonFusedMatmul()
+    backend._matmul = self._matmul.for_platform(platform)
+    return backend
+
+  def unavailable_reason(self) -> str | None:
+    return self._matmul.unavailable_reason()
+
+  def default_variant(self, problem: FusedMatmulProblem) -> str:
+    """The matmul's choice on the bare GEMM, where it is one of ours; else `tensorcore`
+    (the matmul's exact-fp32 and split-K rungs have no epilogue)."""
+    variant = self._matmul.default_variant(problem.as_gemm())
+    return variant if variant in _VARIANTS else "tensorcore"
+
+  def default_config(self, problem: FusedMatmulProblem, variant: str) -> TritonConfig:
+    config = dataclasses.replace(self._matmul.default_config(problem.as_gemm(), variant),
+                                 split_k=1)
+    return within_shared_memory(config, lambda c: self._smem_bytes(problem, variant, c)[0],
+                                SMEM_BYTES)
+
+  def tuning_candidates(self, problem: FusedMatmulProblem) -> list[tuple[str, TritonConfig]]:
+    """The matmul's tensor-core candidates on the bare GEMM, fitted to the epilogue."""
+    out = []
+    for variant, config in self._matmul.tuning_candidates(problem.as_gemm()):
+      if variant not in _VARIANTS:
+        continue
+      config = within_shared_memory(dataclasses.replace(config, split_k=1),
+                                    lambda c: self._smem_bytes(problem, variant, c)[0],
+                                    SMEM_BYTES)
+      if (variant, config) not in out:
+        out.append((variant, config))
+    return out
+
+  @staticmethod
+  def _smem_bytes(problem: FusedMatmulProblem, variant: str, config) -> tuple[int, str]:
+    """The matmul's count, plus the persistent rung's staging of the saved Z tile.
+
+    Bias, residual and gate tiles are read straight into registers."""
+    smem, formula = TritonMatmul._smem_bytes(problem.as_gemm(), variant, config)
+    if variant == "persistent" and problem.save_preactivation:
+      out_itemsize = np.dtype(problem.out_dtype).itemsize
+      smem += config.block_m * config.block_n * out_itemsize
+      formula += f" + block_m x block_n x {out_itemsize} B for the saved Z"
+    return smem, formula
+
+  def check(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig) -> None:
+    what = f"backend='triton' variant={variant!r} (fused_matmul)"
+    if variant not in _VARIANTS:
+      raise ValueError(f"unknown variant={variant!r} for {what}; valid: {list(_VARIANTS)}")
+    if config.split_k > 1:
+      raise NotImplementedError(
+          f"{what}: split-K cannot fuse an epilogue or a gate (the epilogue needs the whole "
+          f"K sum); config.split_k must be 1, got {config.split_k}")
+    activations.check(problem.activation)
+    activations.check(problem.gate_activation, "gate_activation")
+    if config.tma and problem.gate in ("lhs", "rhs"):
+      raise NotImplementedError(f"{what}: the TMA path does not gate operand tiles "
+                                f"(gate={problem.gate!r}); use tma=False")
+    self._matmul.check(problem.as_gemm(), variant, config)
+    smem, formula = self._smem_bytes(problem, variant, config)
+    if smem > SMEM_BYTES:
+      raise ValueError(
+          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
+          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+
+  def impl(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig,
+           platform: str):
+    """fn(a, b, *extras) -> C, or (C, Z) with save_preactivation; extras in
+    `problem.extra_shapes` order (bias, residual | gate Z)."""
+    from jaxgemm.kernels.triton import epilogue  # noqa: PLC0415 (needs triton)
+    from jaxgemm.kernels.triton.matmul import layout  # noqa: PLC0415
+    kernel = importlib.import_module(f"jaxgemm.kernels.triton.matmul.{variant}")
+    return layout.tensor_core_layout(kernel.matmul, problem, config, platform,
+                                     extra_roles=epilogue.extra_roles(problem))
+
+
+registry.register(TritonFusedMatmul())
