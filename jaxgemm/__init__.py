@@ -16,6 +16,8 @@ from jaxgemm.config import KernelConfig
 from jaxgemm.dispatch import KernelFallbackWarning
 from jaxgemm.ops.matmul import (GemmProblem, PallasConfig, TritonConfig, XlaConfig,
                                 dot_general, matmul, matmul_p)
+from jaxgemm.ops.fused_matmul import FusedMatmulProblem, fused_matmul_p
+from jaxgemm.ops.glu import GluProblem, glu, glu_p
 from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,
                                     RaggedDotTritonConfig, XlaRaggedDotConfig, ragged_dot,
                                     ragged_dot_general, ragged_dot_p)
@@ -23,7 +25,9 @@ from jaxgemm.registry import backends, variants
 from jaxgemm.tuning import autotune, problems_in
 
 __all__ = [
+    "FusedMatmulProblem",
     "GemmProblem",
+    "GluProblem",
     "KernelConfig",
     "KernelFallbackWarning",
     "PallasConfig",
@@ -36,6 +40,9 @@ __all__ = [
     "autotune",
     "backends",
     "dot_general",
+    "fused_matmul_p",
+    "glu",
+    "glu_p",
     "matmul",
     "matmul_p",
     "problems_in",

@@ -24,11 +24,13 @@ INTERPRETER_LOCK = threading.Lock()
 
 def interpreted(kernel_fn: Callable[..., jax.Array],
                 out_shape: jax.ShapeDtypeStruct) -> Callable[..., jax.Array]:
-  """`kernel_fn` (run with interpret=True) as a function callable inside a lowering."""
+  """`kernel_fn` (run with interpret=True) as a function callable inside a lowering.
+
+  `out_shape` may be a tuple of them (a kernel with several outputs)."""
   run = jax.jit(kernel_fn)
 
   def on_host(*operands):
     with INTERPRETER_LOCK:
-      return np.asarray(run(*operands))
+      return jax.tree.map(np.asarray, run(*operands))
 
   return lambda *operands: jax.pure_callback(on_host, out_shape, *operands)

@@ -311,16 +311,23 @@ def plan(rule: EinsumRule, operand_specs: Sequence[P | None], result_spec: P | N
   return Plan(rule, factor_axes, scatter_dim)
 
 
-def shardy_rule(rule: EinsumRule) -> tuple[str, dict]:
+def shardy_rule(rule: EinsumRule, num_results: int = 1) -> tuple[str, dict]:
   """`rule` as custom_partitioning's `sharding_rule` callback returns it to Shardy.
 
   A factor may be in one of Shardy's sets only: one that is never sharded is
-  "need replication", not also a reduction.
+  "need replication", not also a reduction. An op with several results gives
+  each the rule's result dimensions (a GEMM and its saved pre-activation).
 
   >>> shardy_rule(EinsumRule.parse("m k, k n, s -> m n", replicated=("s",)))
   ('m k, k n, s -> m n', {'reduction_factors': ('k',), 'need_replication_factors': ('s',)})
+  >>> shardy_rule(EinsumRule.parse("m k, k n -> m n"), num_results=2)[0]
+  'm k, k n -> m n, m n'
   """
-  return str(rule), dict(
+  text = str(rule)
+  if num_results > 1:
+    lhs, result = text.split(" -> ")
+    text = f"{lhs} -> {', '.join([result] * num_results)}"
+  return text, dict(
       reduction_factors=tuple(f for f in rule.reduction if f not in rule.replicated),
       need_replication_factors=rule.replicated)
 
@@ -506,12 +513,17 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
   def local(params, *operands):
     return local_p.bind(*operands, **dict(params))
 
+  multiple = primitive.multiple_results
+  # Several results (a GEMM and its saved pre-activation) share the rule's result
+  # dimensions and the sharding the first one is given.
+  first = lambda results: results[0] if multiple else results
+
   def partition(params, mesh, arg_shapes, result_shape):
     params = dict(params)
     rule = rule_of(**params)
     the_plan = plan(rule, [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)],
-                    _spec_of(result_shape, "the result"), result_shape=result_shape.shape,
-                    axis_sizes=dict(mesh.shape))
+                    _spec_of(first(result_shape), "the result"),
+                    result_shape=first(result_shape).shape, axis_sizes=dict(mesh.shape))
     factor_sizes = {f: x.shape[d] for dims, x in zip(rule.operands, arg_shapes)
                     for d, f in enumerate(dims)}
     local_params = _global_params_dropped(params)
@@ -522,11 +534,12 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
                   for x, dims in zip(operands, rule.operands)]
       out = local_call(local_p.bind, operands, local_params, the_plan)
       if the_plan.scatter_dim is not None:
-        return lax.psum_scatter(out, the_plan.reduce_axes, scatter_dimension=the_plan.scatter_dim,
-                                tiled=True)
+        return jax.tree.map(lambda x: lax.psum_scatter(
+            x, the_plan.reduce_axes, scatter_dimension=the_plan.scatter_dim, tiled=True), out)
       return lax.psum(out, the_plan.reduce_axes) if the_plan.reduce_axes else out
 
-    return (mesh, lower_fn, NamedSharding(mesh, the_plan.result),
+    result = NamedSharding(mesh, the_plan.result)
+    return (mesh, lower_fn, [result] * len(result_shape) if multiple else result,
             tuple(NamedSharding(mesh, s) for s in the_plan.operands))
 
   def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):   # GSPMD
@@ -535,10 +548,11 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
     the_plan = plan(rule_of(**dict(params)),
                     [_spec_of(x, f"operand {i}", unknown_is_replicated=True)
                      for i, x in enumerate(arg_shapes)])
-    return NamedSharding(mesh, the_plan.result)
+    result = NamedSharding(mesh, the_plan.result)
+    return [result] * len(result_shape) if multiple else result
 
   def sharding_rule(params, mesh, operand_types, result_types):   # Shardy
-    return shardy_rule(rule_of(**dict(params)))
+    return shardy_rule(rule_of(**dict(params)), len(result_types) if multiple else 1)
 
   partitioned = custom_partitioning(local, static_argnums=(0,))
   partitioned.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,

@@ -218,8 +218,9 @@ def _compiled(problem: Problem, backend: str, variant, config, bufs,
   fn = lambda *operands: op.call(problem, *operands, backend=backend, variant=variant,
                                  config=config)
   t0 = time.perf_counter()
-  sets = len(bufs) // op.arity
-  compiled = jax.jit(rotated(fn, sets, op.arity)).lower(*bufs).compile(xla_options or None)
+  arity = op.arity_of(problem)
+  sets = len(bufs) // arity
+  compiled = jax.jit(rotated(fn, sets, arity)).lower(*bufs).compile(xla_options or None)
   return compiled, time.perf_counter() - t0
 
 
@@ -410,7 +411,7 @@ def _time_trial(trial: Trial, bufs, ref, xla_compiled, timer: Timer, iters: int)
 def _time_against_xla(trial: Trial, kernel, xla_compiled, bufs, timer: Timer, iters: int):
   """Sets the trial's times per input set, the kernel's paired with XLA's dot."""
   kernel_ms, xla_ms = time_paired(timer, kernel, xla_compiled, bufs, iters)
-  sets = len(bufs) // registry.get_op(trial.problem.op).arity
+  sets = len(bufs) // registry.get_op(trial.problem.op).arity_of(trial.problem)
   trial.time_ms = summarize(kernel_ms)["median_ms"] / sets
   trial.xla_time_ms = summarize(xla_ms)["median_ms"] / sets
 

@@ -116,7 +116,8 @@ class Op:
 
   name: the op's name ("matmul"); keys backends, tuning records and suites.
   primitive: its JAX primitive.
-  arity: how many operands the primitive takes.
+  arity: how many operands the primitive takes, or problem -> that number
+    (an epilogue's extra operands come and go with the problem).
   problem_of: (operand avals, primitive params) -> its Problem.
   call: (problem, operands, backend, variant, config) -> the primitive bound
     with that kernel choice (what the tuner compiles and times).
@@ -125,10 +126,13 @@ class Op:
 
   name: str
   primitive: Any
-  arity: int
+  arity: int | Callable[[Problem], int]
   problem_of: Callable[[Sequence[Any], dict], Problem]
   call: Callable[..., jax.Array]
   example_operands: Callable[[Problem, jax.Array], list[jax.Array]]
+
+  def arity_of(self, problem: Problem) -> int:
+    return self.arity(problem) if callable(self.arity) else self.arity
 
 
 

@@ -10,6 +10,7 @@ sharded dimension stays a dimension that XLA's partitioner can keep split.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -59,7 +60,7 @@ def _route(problem: GemmProblem | None, backend: str, variant, config,
   problem raises (NotImplementedError for unsupported features, ValueError or
   TypeError for bad arguments).
   """
-  dispatch.validate(GemmProblem.op, backend, variant, config)
+  dispatch.validate(GemmProblem.op if problem is None else problem.op, backend, variant, config)
   if problem is None:
     if backend == dispatch.AUTO:
       return None
@@ -118,14 +119,23 @@ def _problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b, precision):
                      precision), None
 
 
-def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=None,
+def matmul(a, b, *, bias=None, activation: str | None = None, residual=None,
+           precision=None, preferred_element_type=None, out_sharding=None,
            backend: str = "auto", variant: str | None = None,
            config: KernelConfig | None = None) -> jax.Array:
-  """`jnp.matmul` on jaxgemm's kernels: same results, dtypes, shapes and errors.
+  """`jnp.matmul` on jaxgemm's kernels: same results, dtypes, shapes and errors;
+  with an epilogue, `activation(a @ b + bias) + residual` in one kernel.
 
   Args:
     a, b: arrays of rank >= 1. 1-D operands and broadcast batch dimensions
       follow numpy.matmul's rules.
+    bias: None or shape (N,) (N = b.shape[-1]), in the result's dtype.
+    activation: None, "relu", "gelu" (jax.nn.gelu, approximate=True),
+      "gelu_exact" (approximate=False), "silu", "sigmoid" or "tanh", as jax.nn.
+    residual: None or an array of the result's shape and dtype, added last.
+      With any of the three, the kernel applies them to its fp32 accumulator
+      before its one store, and its gradient applies the activation's
+      derivative inside the backward GEMMs (`jaxgemm.ops.fused_matmul`).
     precision: None, a `lax.Precision` (or its name) or a pair of them. For
       float32 operands, DEFAULT uses TF32 tensor cores on GPU and HIGHEST (or
       HIGH) exact fp32.
@@ -149,50 +159,94 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=No
     (4, 8, 32)
     >>> jax.grad(lambda a: jaxgemm.matmul(a, b).sum())(a).shape
     (4, 8, 16)
+    >>> y = jaxgemm.matmul(a, b, bias=jnp.zeros(32), activation="gelu", backend="xla")
   """
   a, b = jnp.asarray(a), jnp.asarray(b)
   for i, x in enumerate((a, b)):
     if x.ndim < 1:
       raise ValueError(f"matmul input operand {i} must have ndim at least 1, "
                        f"but it has ndim {x.ndim}")
+  if bias is not None or activation is not None or residual is not None:
+    from jaxgemm.ops.fused_matmul import api as fused_api  # noqa: PLC0415 (it imports this module)
+    return fused_api.fused_matmul(
+        a, b, bias=bias, activation=activation, residual=residual, precision=precision,
+        preferred_element_type=preferred_element_type, out_sharding=out_sharding,
+        backend=backend, variant=variant, config=config)
   dtype, out_dtype = _dtypes(a, b, preferred_element_type)
   out_sharding = sharding.canonical_out_sharding(out_sharding, "matmul")
 
+  layout = canonical_layout(a, b)
+  problem, why_not = _problem(layout.batch, layout.rows, layout.n, layout.k, dtype, out_dtype,
+                              False, False, precision)
+  route = _route(problem, backend, variant, config, why_not)
+  if route is None:
+    return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type,
+                      out_sharding=out_sharding)
+  a3, b3 = layout.operands(a.astype(dtype), b.astype(dtype))
+  return bind(a3, b3, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
+              precision=problem.precision, ndims=layout.ndims, out_sharding=out_sharding,
+              **route)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulLayout:
+  """How `jnp.matmul(a, b)` maps onto matmul_p's canonical form, with no copy of b."""
+
+  batch_shape: tuple[int, ...]   # the broadcast batch dimensions
+  m_dims: tuple[int, ...]        # () for a 1-D a
+  n_dims: tuple[int, ...]        # () for a 1-D b
+  k: int
+  b_is_shared: bool              # b has no batch: a's batch dimensions join M
+
+  @property
+  def batch(self) -> int:
+    return 1 if self.b_is_shared else math.prod(self.batch_shape)
+
+  @property
+  def rows(self) -> int:
+    return math.prod(self.m_dims) * (math.prod(self.batch_shape) if self.b_is_shared else 1)
+
+  @property
+  def n(self) -> int:
+    return math.prod(self.n_dims)
+
+  @property
+  def out_shape(self) -> tuple[int, ...]:
+    return (*self.batch_shape, *self.m_dims, *self.n_dims)
+
+  @property
+  def ndims(self) -> tuple[int, int, int, int]:
+    if self.b_is_shared:
+      return (0, len(self.batch_shape) + len(self.m_dims), 1, len(self.n_dims))
+    return (len(self.batch_shape), len(self.m_dims), 1, len(self.n_dims))
+
+  def operands(self, a, b):
+    """a and b in the canonical form (a broadcast batch is the one copy, as in jnp)."""
+    a3 = jnp.broadcast_to(a, (*self.batch_shape, *self.m_dims, self.k))
+    if self.b_is_shared:
+      return a3, b.reshape(self.k, *self.n_dims)   # drops b's unit batch dimensions only
+    return a3, jnp.broadcast_to(b, (*self.batch_shape, self.k, *self.n_dims))
+
+
+def canonical_layout(a, b, api_name: str = "matmul") -> MatmulLayout:
+  """The canonical layout of `jnp.matmul(a, b)`, or numpy's error for operands that do not fit."""
   # A 1-D operand contributes no M (N) dimension: an empty group, not a unit one.
   m_dims = a.shape[-2:-1] if a.ndim > 1 else ()
   n_dims = b.shape[-1:] if b.ndim > 1 else ()
   a_batch, b_batch = a.shape[:-2], b.shape[:-2]
   k, k_b = a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0]
   if k != k_b:
-    raise TypeError(f"matmul contracting dimensions differ: a.shape={a.shape} has "
+    raise TypeError(f"{api_name} contracting dimensions differ: a.shape={a.shape} has "
                     f"K={k}, b.shape={b.shape} has K={k_b}")
   try:
     batch_shape = jnp.broadcast_shapes(a_batch, b_batch)
   except ValueError as e:
-    raise ValueError(f"matmul batch dimensions do not broadcast: a.shape={a.shape}, "
+    raise ValueError(f"{api_name} batch dimensions do not broadcast: a.shape={a.shape}, "
                      f"b.shape={b.shape}") from e
-
   # b shared across the batch (as in x @ W): a's batch dimensions join M, one
   # GEMM with no copy of b.
-  b_is_shared = math.prod(b_batch) == 1
-  m, n = math.prod(m_dims), math.prod(n_dims)
-  batch = 1 if b_is_shared else math.prod(batch_shape)
-  rows = m * math.prod(batch_shape) if b_is_shared else m
-  problem, why_not = _problem(batch, rows, n, k, dtype, out_dtype, False, False, precision)
-  route = _route(problem, backend, variant, config, why_not)
-  if route is None:
-    return jnp.matmul(a, b, precision=precision, preferred_element_type=preferred_element_type,
-                      out_sharding=out_sharding)
-
-  a3 = jnp.broadcast_to(a.astype(dtype), (*batch_shape, *m_dims, k))
-  if b_is_shared:
-    b3 = b.astype(dtype).reshape(k, *n_dims)   # drops b's unit batch dimensions only
-    ndims = (0, len(batch_shape) + len(m_dims), 1, len(n_dims))
-  else:
-    b3 = jnp.broadcast_to(b.astype(dtype), (*batch_shape, k, *n_dims))
-    ndims = (len(batch_shape), len(m_dims), 1, len(n_dims))
-  return bind(a3, b3, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
-              precision=problem.precision, ndims=ndims, out_sharding=out_sharding, **route)
+  return MatmulLayout(tuple(batch_shape), tuple(m_dims), tuple(n_dims), k,
+                      math.prod(b_batch) == 1)
 
 
 def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):

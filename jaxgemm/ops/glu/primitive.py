@@ -1,0 +1,229 @@
+"""`glu_p`: a gated linear unit, `activation(X @ Wg + bg) * (X @ Wu + bu)`, in one dual-GEMM kernel.
+
+Canonical form: `matmul_p`'s for each of the two products (same layout, the
+same `ndims`; K and N one dimension each), operands X, Wg, Wu and, with
+`bias`, bg and bu; results H, and with `save_preactivation` also Zg and Zu.
+
+Derivative (JVP): with Zg, Zu saved by the forward kernel,
+
+    H' = act'(Zg) Zu * Zg' + act(Zg) * Zu',   Z*' = X' @ W* + X @ W*' + b*'
+
+The tangents of Zg and Zu are matmul_p GEMMs (on the call's backend) and the
+combination is jnp, which XLA fuses; transposed, the backward is one XLA
+fusion (dZg = dH act'(Zg) Zu, dZu = dH act(Zg), and the bias sums) and four
+GEMMs on the kernels. (A gate in the GEMMs' prologue would need two
+different factors per output tile: dX = dZg @ Wg^T + dZu @ Wu^T.)
+
+Rules: abstract eval, lowering (chosen per problem by `jaxgemm.dispatch`),
+JVP, batching (a mapped X joins M), sharding (K whole: the gate is nonlinear).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jaxgemm import dispatch, registry, sharding
+from jaxgemm.ops import activations
+from jaxgemm.ops.base import Op, normal_operands
+from jaxgemm.ops.fused_matmul.primitive import _bias_to_out, _is_zero, _moved, _sum
+from jaxgemm.ops.glu.problem import GluProblem
+from jaxgemm.ops.matmul import primitive as matmul_primitive
+
+glu_p = Primitive("jaxgemm_glu")
+glu_p.multiple_results = True
+
+_EPILOGUE = ("activation", "bias", "save_preactivation")
+
+
+def _gemm_params(params) -> dict:
+  return {k: v for k, v in params.items() if k not in _EPILOGUE}
+
+
+def problem_of(x, w_gate, w_up, *biases, **params) -> GluProblem:
+  """The GluProblem that `glu_p.bind(x, w_gate, w_up, *biases, **params)` computes."""
+  gemm = matmul_primitive.problem_of(x, w_gate, **params)
+  if params["ndims"][2:] != (1, 1):
+    raise TypeError(f"glu_p takes one K and one N dimension; ndims={params['ndims']}")
+  if w_up.shape != w_gate.shape or w_up.dtype != w_gate.dtype:
+    raise TypeError(f"glu_p's w_up must match w_gate: got {w_up.shape} {w_up.dtype} and "
+                    f"{w_gate.shape} {w_gate.dtype}")
+  out = matmul_primitive._groups(x.shape, w_gate.shape, trans_a=params["trans_a"],
+                                 trans_b=params["trans_b"], ndims=params["ndims"])
+  batch, n = out[0][0], out[1][2]
+  want = {None: [], "shared": [n] * 2, "batched": [(*batch, *n)] * 2}[params["bias"]]
+  got = [tuple(b.shape) for b in biases]
+  if got != [tuple(s) for s in want] or any(b.dtype != params["out_dtype"] for b in biases):
+    raise TypeError(f"glu_p with bias={params['bias']!r} takes biases of shapes {want} in "
+                    f"{np.dtype(params['out_dtype']).name}; got "
+                    f"{[(b.shape, b.dtype.name) for b in biases]}")
+  return GluProblem(**{f: getattr(gemm, f) for f in gemm.__dataclass_fields__},
+                    **{k: params[k] for k in _EPILOGUE})
+
+
+def bind(x, w_gate, w_up, *biases, trans_a=False, trans_b=False,
+         ndims=matmul_primitive.DEFAULT_NDIMS, out_dtype, acc_dtype, precision, backend,
+         variant=None, config=None, activation="silu", bias=None, save_preactivation=False):
+  """glu_p.bind with every param; returns the list of results."""
+  x, w_gate, w_up, *biases = sharding.insert_pvary(x, w_gate, w_up, *biases)
+  return glu_p.bind(x, w_gate, w_up, *biases, trans_a=trans_a, trans_b=trans_b,
+                    ndims=tuple(ndims), out_dtype=np.dtype(out_dtype),
+                    acc_dtype=np.dtype(acc_dtype), precision=precision, backend=backend,
+                    variant=variant, config=config, out_sharding=None, activation=activation,
+                    bias=bias, save_preactivation=save_preactivation)
+
+
+def _abstract_eval(x, w_gate, w_up, *biases, **params):
+  problem = problem_of(x, w_gate, w_up, *biases, **params)
+  out, _ = lax.dot_general_p.abstract_eval(
+      x, w_gate, dimension_numbers=matmul_primitive.dimension_numbers(**params),
+      precision=None, preferred_element_type=None, out_sharding=None)
+  return [out.update(dtype=problem.out_dtype, weak_type=False)] * problem.num_outputs
+
+
+def _lower_choice(ctx, operands, problem, choice: dispatch.Choice, platform):
+  impl = registry.get_backend(choice.backend, problem.op).impl(
+      problem, choice.variant, choice.config, platform)
+  canonical = (problem.a_shape, problem.b_shape, problem.b_shape, *problem.extra_shapes)
+  out_shape = ctx.avals_out[0].shape
+
+  def as_3d(*operands):
+    outs = impl(*(x.reshape(s) for x, s in zip(operands, canonical)))
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    return [y.reshape(out_shape) for y in outs]
+
+  return mlir.lower_fun(as_3d, multiple_results=True)(ctx, *operands)
+
+
+def _lowering(ctx, *operands, platform, **params):
+  problem = problem_of(*ctx.avals_in, **params)
+  plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
+  ctx = ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
+  if problem.is_empty:
+    choice = dispatch.choose(problem, dispatch.FALLBACK, platform=platform)
+    return _lower_choice(ctx, operands, problem, choice, platform)
+  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
+                           platform=platform)
+  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
+    return _lower_choice(ctx, operands, problem, choice, platform)
+  try:
+    return _lower_choice(ctx, operands, problem, choice, platform)
+  except Exception as e:  # noqa: BLE001 (auto must compute what the jnp expression computes)
+    return _lower_choice(ctx, operands, problem, dispatch.fall_back(problem, choice, e, platform),
+                         platform)
+
+
+def _impl(*args, **params):
+  from jax._src import dispatch as jax_dispatch  # noqa: PLC0415 (eager path for primitives)
+  return jax_dispatch.apply_primitive(glu_p, *args, **params)
+
+
+def _jvp(primals, tangents, **params):
+  x, w_gate, w_up, *biases = primals
+  dx, dwg, dwu, *dbiases = tangents
+  act, nb = params["activation"], params["ndims"][0]
+  h, zg, zu = glu_p.bind(*primals, **{**params, "save_preactivation": True})
+  gemm = dict(_gemm_params(params), variant=None, config=None)
+  mm = lambda a, b: matmul_primitive.bind(a, b, **gemm)
+
+  def dz(w, dw, dbias):
+    terms = [None if _is_zero(dx) else mm(dx, w), None if _is_zero(dw) else mm(x, dw),
+             None if dbias is None or _is_zero(dbias) else
+             _bias_to_out(dbias, h.shape, nb, 1, params["bias"]).astype(h.dtype)]
+    out = _sum(terms)
+    return jnp.zeros(h.shape, h.dtype) if out is None else out
+
+  dzg = dz(w_gate, dwg, dbiases[0] if dbiases else None)
+  dzu = dz(w_up, dwu, dbiases[1] if dbiases else None)
+  zg32, zu32 = zg.astype(np.float32), zu.astype(np.float32)
+  dh = (activations.derivative(act, zg32) * zu32 * dzg
+        + activations.apply(act, zg32) * dzu).astype(h.dtype)
+  if params["save_preactivation"]:
+    return [h, zg, zu], [dh, dzg, dzu]
+  return [h], [dh]
+
+
+def _batch_rule(args, dims, **params):
+  """vmap: a mapped X joins M (the weights unbroadcast); anything else a batch dimension."""
+  x, w_gate, w_up, *biases = args
+  dx, dwg, dwu, *dbiases = dims
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+  nb, nm, nk, nn = params["ndims"]
+  if dx is not None and dwg is None and dwu is None and all(d is None for d in dbiases):
+    x = jnp.moveaxis(x, dx, nb + (nk if params["trans_a"] else 0))
+    outs = glu_p.bind(x, w_gate, w_up, *biases, **{**params, "ndims": (nb, nm + 1, nk, nn)})
+    return outs, [nb] * len(outs)
+  x, w_gate, w_up = (_moved(a, d, 0, size) for a, d in ((x, dx), (w_gate, dwg), (w_up, dwu)))
+  bias_kind = params["bias"]
+  if bias_kind == "shared" and all(d is None for d in dbiases):
+    moved = biases
+  elif bias_kind:
+    batch = x.shape[1:1 + nb]
+    moved = []
+    for bias, d in zip(biases, dbiases):
+      if bias_kind == "shared":   # (N,) or mapped (V, N) -> (V, *batch, N)
+        bias = bias[None] if d is None else jnp.moveaxis(bias, d, 0)
+        moved.append(lax.broadcast_in_dim(bias, (size, *batch, bias.shape[-1]),
+                                          (0, nb + 1)))
+      else:
+        moved.append(_moved(bias, d, 0, size))
+    bias_kind = "batched"
+  else:
+    moved = []
+  outs = glu_p.bind(x, w_gate, w_up, *moved, **{**params, "ndims": (nb + 1, nm, nk, nn),
+                                                "bias": bias_kind})
+  return outs, [0] * len(outs)
+
+
+def sharding_rule(*, trans_a, trans_b, ndims, bias, **_) -> sharding.EinsumRule:
+  """Two matmul_p einsums sharing X, biases over ``n`` (``b n`` per batch); K whole.
+
+  >>> str(sharding_rule(trans_a=False, trans_b=False, ndims=(0, 2, 1, 1), bias="shared"))
+  'm0 m1 k, k n, k n, n, n -> m0 m1 n'
+  """
+  base = matmul_primitive.sharding_rule(trans_a=trans_a, trans_b=trans_b, ndims=ndims)
+  (x, w), out = base.operands, base.result
+  batch = out[:ndims[0]]
+  biases = {None: [], "shared": [out[-1:]] * 2, "batched": [batch + out[-1:]] * 2}[bias]
+  return sharding.EinsumRule((x, w, w, *biases), out, replicated=("k",))
+
+
+glu_p.def_impl(_impl)
+glu_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[glu_p] = _jvp
+batching.primitive_batchers[glu_p] = _batch_rule
+glu_local_p = sharding.make_partitionable(
+    glu_p, sharding_rule,
+    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")})
+
+
+def _call(problem: GluProblem, *operands, backend, variant, config):
+  outs = bind(*operands, trans_a=problem.trans_a, trans_b=problem.trans_b,
+              out_dtype=problem.out_dtype, acc_dtype=problem.acc_dtype,
+              precision=problem.precision, backend=backend, variant=variant, config=config,
+              activation=problem.activation, bias=problem.bias,
+              save_preactivation=problem.save_preactivation)
+  return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _example_operands(problem: GluProblem, key):
+  return normal_operands(
+      [(problem.a_shape, problem.dtype), (problem.b_shape, problem.dtype),
+       (problem.b_shape, problem.dtype),
+       *[(s, problem.out_dtype) for s in problem.extra_shapes]], key)
+
+
+GLU = registry.register_op(Op(
+    name="glu",
+    primitive=glu_p,
+    arity=lambda problem: 3 + len(problem.extra_shapes),
+    problem_of=lambda avals, params: problem_of(*avals, **params),
+    call=_call,
+    example_operands=_example_operands,
+))
