@@ -414,8 +414,8 @@ def run_padded(kernel_fn, a, b, problem, *, out_dtype, exact_out: bool = False):
   m_out = round_up(problem.m, ROW_MULTIPLE)
   n_out = round_up(problem.n, col_multiple(out_dtype))
   c = kernel_fn(a, b, Dims(problem.batch, m_out, n_out, k))
-  if (m_out, n_out) != (problem.m, problem.n):
-    c = c[:, :problem.m, :problem.n]
+  if (m_out, n_out) != (problem.m, problem.n):   # C, or each output of an epilogue
+    c = jax.tree.map(lambda x: x[:, :problem.m, :problem.n], c)
   return c
 
 

@@ -59,7 +59,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jaxgemm.kernels.pallas import common
+from jaxgemm.kernels.pallas.epilogue import Epilogue
 
+# How an epilogue reads its bias: "row", the (epi_tn,) slice of the bias vector
+# from GMEM in the accumulator's column layout, broadcast over the piece's rows;
+# "tile", a (64, epi_tn) slice of the bias broadcast to 64 rows by the wrapper.
+BIAS_LOAD = "row"
 EPI_TILE_M = 64          # epilogue piece rows: the wgmma accumulator's row block
 PRODUCER_REGISTERS = 40  # the TMA-issuing warpgroup needs almost none
 # What is left of the 64K registers, shared by the consumers (a multiple of 8).
@@ -132,21 +137,41 @@ def plan_stream_k(tiles: int, workers: int, k_iters: int,
                  common.cdiv(sk_tiles * units_per_tile, workers))
 
 
-def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: int,
+def persistent_kernel(a_gmem, b_gmem, *refs, dims: common.Dims, tm: int,
                       tn: int, tk: int, stages: int, epi_tn: int, trans_a: bool,
                       trans_b: bool, grid_minor_m: bool, grid_group: int, workers: int,
                       cluster_m: int = 1, cluster_n: int = 1, multicast: bool = True,
                       exact_out: bool = False, stream_k: StreamK | None = None,
-                      pingpong: bool = False, interpret: bool = False):
+                      pingpong: bool = False, interpret: bool = False,
+                      epilogue: Epilogue | None = None):
   """The persistent body of rungs 3-6.
 
   pingpong=False (cooperative): both consumers work on every tile, on its
   top and bottom halves. pingpong=True (rung 6): each consumer takes whole
   tiles, the CTA's even ones and its odd ones; every tile has its own ring
   steps, so whole tiles only (no stream-K split).
+
+  epilogue (`jaxgemm.kernels.pallas.epilogue.Epilogue`, None: store the
+  accumulator): after A and B come, in order, B2 (a GLU's second weight,
+  multiplied by the same A tile into a second accumulator), the bias
+  vectors ((batch or 1, N rounded up to tn), read per piece from GMEM), the
+  tile tensor (a residual or a gate's Z, (batch, M, N): TMA-loaded per
+  (64, epi_tn) piece into two SMEM slots per consumer, one piece ahead, the
+  first during the tile's main loop); then the outputs, C first.
   """
   if pingpong and stream_k:
     raise ValueError("the ping-pong schedule gives every tile to one consumer: no stream-K split")
+  ep = epilogue
+  if ep is not None and stream_k:
+    raise ValueError("stream-K's partial tiles take no fused epilogue")
+  refs = list(refs)
+  b2_gmem = refs.pop(0) if ep is not None and ep.glu else None
+  bias_gmems = [refs.pop(0) for _ in range(ep.num_biases if ep is not None else 0)]
+  tile_gmem = refs.pop(0) if ep is not None and ep.loads_tile else None
+  num_out = ep.num_outputs if ep is not None else 1
+  out_gmems, partials = refs[:num_out], refs[num_out:]
+  c_gmem = out_gmems[0]
+  dual = b2_gmem is not None
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
   # Rows of the tile per consumer warpgroup, and how many consumers split a tile.
   row_parts = 1 if pingpong else 2
@@ -178,9 +203,10 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
     return bi, jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1), owns_tile
 
   def k_blocks(bi, mi, ni, ki):
-    """A's (tm, tk) and B's (tk, tn) blocks of K step `ki`, as stored."""
+    """A's (tm, tk) and B's (tk, tn) blocks of K step `ki`, as stored (and B2's)."""
     return (common.a_block(a_gmem.at[bi], mi * tm, ki * tk, tm, tk, trans_a),
-            common.b_block(b_gmem.at[bi], ki * tk, ni * tn, tk, tn, trans_b))
+            *(common.b_block(w.at[bi], ki * tk, ni * tn, tk, tn, trans_b)
+              for w in ((b_gmem, b2_gmem) if dual else (b_gmem,))))
 
   if exact_out:
     # Plain stores from a row-major staging slot per consumer warpgroup
@@ -217,13 +243,20 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
       # blocks with its two barrier arrays...
       a_smem=common.a_smem_type(tm, tk, dtype, trans_a, stages, swizzle=swizzle),
       b_smem=common.b_smem_type(tk, tn, dtype, trans_b, stages, swizzle=swizzle),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=owners * stages),  # A's and B's copies
+      b2_smem=(common.b_smem_type(tk, tn, dtype, trans_b, stages, swizzle=swizzle)
+               if dual else None),
+      # A's and B's copies (and B2's)
+      loaded=plgpu.Barrier(num_arrivals=3 if dual else 2, num_barriers=owners * stages),
       consumed=consumed_type(num_arrivals=2 // owners, num_barriers=owners * stages),
-      # ...and the epilogue's staging slots.
+      # ...and the epilogue's staging slots (and its loaded tiles: two slots per consumer).
       out_smem=out_smem_type,
+      tile_smem=(common.out_smem_type(EPI_TILE_M, epi_tn, tile_gmem.dtype, 2, 2)
+                 if tile_gmem is not None else None),
+      tile_bar=(plgpu.Barrier(num_arrivals=1, num_barriers=4)
+                if tile_gmem is not None else None),
       collective_axes="wg",
   )
-  def _scope(a_smem, b_smem, loaded, consumed, out_smem):
+  def _scope(a_smem, b_smem, b2_smem, loaded, consumed, out_smem, tile_smem, tile_bar):
     wg = lax.axis_index("wg")
     sems = None
     if stream_k and not interpret:
@@ -246,11 +279,14 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
         def _wait_free():
           plgpu.barrier_wait(barrier(consumed, step + ki - stages))
 
-        a_block, b_block = k_blocks(bi, mi, ni, k_start + ki)
+        a_block, b_block, *b2_block = k_blocks(bi, mi, ni, k_start + ki)
         plgpu.copy_gmem_to_smem(a_block, a_smem.at[slot], barrier(loaded, step + ki),
                                 collective_axes=a_collective)
         plgpu.copy_gmem_to_smem(b_block, b_smem.at[slot], barrier(loaded, step + ki),
                                 collective_axes=b_collective)
+        if dual:
+          plgpu.copy_gmem_to_smem(b2_block[0], b2_smem.at[slot], barrier(loaded, step + ki),
+                                  collective_axes=b_collective)
 
     def wait_released(first, end):
       """Waits until the consumers have released ring steps [first, end)."""
@@ -276,20 +312,57 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
           return common.transposed(a_slot.at[:, wg_rows])
         return a_slot.at[wg_rows, :]
 
+      row0 = m_start + row_part * consumer_rows
+      pieces = [(em, en) for em in range(consumer_rows // EPI_TILE_M)
+                for en in range(tn // epi_tn)]
+
+      def fetch_tile(p):
+        """Starts the TMA load of piece `p`'s tile (residual or Z) into slot p % 2."""
+        em, en = pieces[p]
+        plgpu.copy_gmem_to_smem(
+            tile_gmem.at[bi, pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M),
+                         pl.ds(n_start + en * epi_tn, epi_tn)],
+            tile_smem.at[wg, p % 2], tile_bar.at[wg * 2 + p % 2])
+
+      def bias_piece(bias_gmem, col0):
+        """Bias columns [col0, +epi_tn) in fp32, broadcast over the piece's 64 rows."""
+        # (The interpreter reads GMEM by indexing; plgpu.load is not interpreted.)
+        read = (lambda ref: ref[...]) if interpret else common.load_gmem
+        bb = bi if ep.bias == "batched" else 0
+        if BIAS_LOAD == "tile":   # the wrapper broadcast the bias to 64 rows
+          return read(bias_gmem.at[bb, :, pl.ds(col0, epi_tn)]).astype(jnp.float32)
+        row = read(bias_gmem.at[bb, pl.ds(col0, epi_tn)])
+        if not interpret:   # the accumulator's column layout; the interpreter has none
+          row = plgpu.layout_cast(row, plgpu.Layout.WGMMA.reduce(0))
+        return lax.broadcast_in_dim(row.astype(jnp.float32), (EPI_TILE_M, epi_tn), (1,))
+
+      if tile_gmem is not None:
+        fetch_tile(0)   # under the main loop
+
       def store(acc, partial=None):
         """The epilogue: this consumer's rows of the tile, in (64, epi_tn)
-        pieces, into C; `partial(rows, cols)` adds another worker's sums."""
-        row0 = m_start + row_part * consumer_rows
+        pieces, into C (and the epilogue's other outputs); `partial(rows,
+        cols)` adds another worker's sums."""
+        accs = acc if isinstance(acc, tuple) else (acc,)
         piece = 0
-        for em in range(consumer_rows // EPI_TILE_M):
-          for en in range(tn // epi_tn):
-            rows = pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M)
-            cols = pl.ds(n_start + en * epi_tn, epi_tn)
-            local = (slice(em * EPI_TILE_M, (em + 1) * EPI_TILE_M),
-                     slice(en * epi_tn, (en + 1) * epi_tn))
-            acc_piece = acc[local]
-            if partial is not None:   # piece by piece: a whole partial would spill
-              acc_piece = partial(acc_piece, *local)
+        for p, (em, en) in enumerate(pieces):
+          rows = pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M)
+          cols = pl.ds(n_start + en * epi_tn, epi_tn)
+          local = (slice(em * EPI_TILE_M, (em + 1) * EPI_TILE_M),
+                   slice(en * epi_tn, (en + 1) * epi_tn))
+          if tile_gmem is not None and p + 1 < len(pieces):
+            fetch_tile(p + 1)
+          vals = [x[local] for x in accs]
+          if partial is not None:   # piece by piece: a whole partial would spill
+            vals[0] = partial(vals[0], *local)
+          if ep is not None:
+            biases = [bias_piece(g, n_start + en * epi_tn) for g in bias_gmems]
+            loaded = None
+            if tile_gmem is not None:
+              plgpu.barrier_wait(tile_bar.at[wg * 2 + p % 2])
+              loaded = tile_smem[wg, p % 2].astype(jnp.float32)
+            vals = ep.combine(vals, biases, loaded)
+          for o_gmem, acc_piece in zip(out_gmems, vals):
             acc_piece = acc_piece.astype(out_dtype)
             if exact_out:
               out_smem[wg] = acc_piece
@@ -298,7 +371,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
                   for part, rows_left in enumerate(last_tile_rows(dims.m, tm, em, row_parts))]
               col_cases = [(ni < n_tiles - 1, epi_tn),
                            (ni == n_tiles - 1, last_tile_cols(dims.n, tn, epi_tn, en))]
-              store_exact(out_smem.at[wg], c_gmem.at[bi], row0 + em * EPI_TILE_M,
+              store_exact(out_smem.at[wg], o_gmem.at[bi], row0 + em * EPI_TILE_M,
                           n_start + en * epi_tn, row_cases, col_cases, owns_tile,
                           store_vector_size(dims.n, epi_tn, out_dtype), interpret)
               continue
@@ -312,19 +385,23 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
 
             @pl.when(owns_tile)
             def _store():
-              plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], c_gmem.at[bi, rows, cols])
+              plgpu.copy_smem_to_gmem(out_smem.at[wg, slot], o_gmem.at[bi, rows, cols])
 
-      @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((consumer_rows, tn), jnp.float32))
-      def _acc_scope(acc_ref):
+      @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((consumer_rows, tn), jnp.float32),
+                         acc2_ref=plgpu.ACC((consumer_rows, tn), jnp.float32) if dual else None)
+      def _acc_scope(acc_ref, acc2_ref):
         @pl.loop(0, k_steps)
         def _k_step(ki):
           slot = lax.rem(step + ki, stages)
           plgpu.barrier_wait(barrier(loaded, step + ki, who=wg))
           plgpu.wgmma(acc_ref, a_rows(a_smem.at[slot]),
                       common.b_operand(b_smem.at[slot], trans_b))
-          # One wgmma stays in flight: the previous step's has finished
+          if dual:   # the same A tile into the second accumulator
+            plgpu.wgmma(acc2_ref, a_rows(a_smem.at[slot]),
+                        common.b_operand(b2_smem.at[slot], trans_b))
+          # One step's wgmmas stay in flight: the previous step's have finished
           # reading its slot, which goes back to the producer.
-          plgpu.wgmma_wait(1)
+          plgpu.wgmma_wait(2 if dual else 1)
 
           @pl.when(ki > 0)
           def _release_previous():
@@ -332,7 +409,7 @@ def persistent_kernel(a_gmem, b_gmem, c_gmem, *partials, dims: common.Dims, tm: 
 
         plgpu.wgmma_wait(0)
         plgpu.barrier_arrive(barrier(consumed, step + k_steps - 1, who=wg))
-        finish(acc_ref[...], store, owns_tile)
+        finish((acc_ref[...], acc2_ref[...]) if dual else acc_ref[...], store, owns_tile)
 
     def for_each_work_item(work, consumer=None):
       """Calls work(lin, k_start, k_steps, step, finish) for this worker's
@@ -520,17 +597,23 @@ def store_exact(stage_smem, c_gmem, row0, col0, row_cases, col_cases, owns_tile,
 
 
 def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
-                    cluster_n: int = 1, stream_k: bool = False, pingpong: bool = False):
+                    cluster_n: int = 1, stream_k: bool = False, pingpong: bool = False,
+                    epilogue: Epilogue | None = None, extras=()):
   """Launches `persistent_kernel` on min(SMs, tiles) CTAs (in clusters).
 
   stream_k: split the last tiles along K between all workers (rung 5) when
   `plan_stream_k` finds it worth it; otherwise every tile is whole.
   pingpong: the consumers take alternate whole tiles (rung 6).
+  epilogue: the fused epilogue; `extras` its operands in the kernel's order
+  (B2 as stored like B, biases (N,) or (batch, N), the tile tensor (batch, M, N)).
+  Returns C, or the tuple of the epilogue's outputs.
   """
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
   out_dtype = jnp.dtype(problem.out_dtype)
   epi_tn = min(config.epi_tile_n, tn)
   cluster = cluster_m * cluster_n
+  if epilogue is not None:
+    extras = _epilogue_operands(epilogue, extras, problem, tn)
 
   def call(a, b, dims):
     k_iters = common.cdiv(dims.k, tk)
@@ -554,24 +637,53 @@ def persistent_call(a, b, problem, config, interpret: bool, cluster_m: int = 1,
                  cluster_names=("cluster",))
             if cluster > 1 else dict(grid=(grid,), grid_names=("sm",)))
     out_type = jax.ShapeDtypeStruct((dims.batch, dims.m, dims.n), out_dtype)
+    if epilogue is not None:
+      out_type = (out_type,) * epilogue.num_outputs
     if schedule:
       # One f32 partial tile per (CTA, consumer warpgroup): the stream-K workspace.
       out_type = (out_type, jax.ShapeDtypeStruct((grid * cluster, 2, tm // 2, tn), jnp.float32))
     out = plgpu.kernel(
-        body,
+        functools.partial(body, epilogue=epilogue) if epilogue is not None else body,
         out_type=out_type,
         num_threads=3,          # two consumer warpgroups + the producer
         thread_name="wg",
         compiler_params=common.compiler_params(),
         interpret=common.interpret_params() if interpret else None,
         **mesh,
-    )(a, b)
+    )(a, b, *extras)
     return out[0] if schedule else out
 
   exact_out = (common.stores_exact(problem, out_dtype)
                and exact_store_fits(problem.m, problem.n, tm, tn, epi_tn, out_dtype,
                                     row_parts=1 if pingpong else 2))
   return common.run_padded(call, a, b, problem, out_dtype=out_dtype, exact_out=exact_out)
+
+
+def _epilogue_operands(ep: Epilogue, extras, problem, tn: int):
+  """The epilogue's operands as the kernel reads them.
+
+  B2 padded as `run_padded` pads B; each bias as (batch or 1, N rounded up to
+  the tile) (BIAS_LOAD "tile": broadcast to (batch or 1, 64, N)), so no bias
+  read leaves the array; the tile tensor padded to TMA's (8, 128-byte) tiling
+  (aligned problems: untouched), its ragged edges zero-filled by TMA.
+  """
+  extras = list(extras)
+  out = []
+  if ep.glu:
+    out.append(common._pad_to(extras.pop(0), common.ROW_MULTIPLE,
+                              common.col_multiple(problem.dtype)))
+  for _ in range(ep.num_biases):
+    bias = extras.pop(0)
+    bias = bias.reshape((-1, bias.shape[-1]))
+    bias = jnp.pad(bias, ((0, 0), (0, common.round_up(problem.n, tn) - problem.n)))
+    if BIAS_LOAD == "tile":
+      bias = jnp.broadcast_to(bias[:, None, :], (bias.shape[0], EPI_TILE_M, bias.shape[1]))
+    out.append(bias)
+  if ep.loads_tile:
+    t = extras.pop(0)
+    out.append(common._pad_to(t, common.ROW_MULTIPLE, common.col_multiple(t.dtype)))
+  assert not extras, "more epilogue operands than the epilogue reads"
+  return out
 
 
 def warp_specialized(a, b, problem, config, interpret: bool = False):
