@@ -26,6 +26,7 @@ from jaxgemm.kernels.triton.epilogue import activation, activation_grad  # noqa:
 from jaxgemm.kernels.triton.matmul import persistent, tiled  # noqa: E402
 from jaxgemm.ops import activations  # noqa: E402
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem  # noqa: E402
+from jaxgemm.ops.fused_matmul import triton as fused_triton  # noqa: E402
 from jaxgemm.ops.fused_matmul.triton import TritonFusedMatmul  # noqa: E402
 from jaxgemm.ops.matmul.triton import TritonConfig  # noqa: E402
 
@@ -34,6 +35,13 @@ BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float
 TINY = TritonConfig(block_m=16, block_n=16, block_k=16, num_warps=4, num_stages=2,
                     align_operands=False)
 ACTS = activations.ACTIVATIONS
+
+
+@pytest.fixture(autouse=True)
+def operand_gate_in_kernel(monkeypatch):
+  """Gates "lhs"/"rhs" run in the kernel unless a test says otherwise (the backend's
+  default is an XLA pre-pass, `OPERAND_GATE_IN_KERNEL`)."""
+  monkeypatch.setattr(fused_triton, "OPERAND_GATE_IN_KERNEL", True)
 
 
 def _problem(dtype=F16, *, batch=2, m=20, n=24, k=40, trans_a=False, trans_b=False, **kw):
@@ -212,7 +220,11 @@ def test_persistent(kw):
 @pytest.mark.parametrize("gate", ["out", "lhs", "rhs"])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False),
                                              (True, True)])
-def test_gates(gate, trans_a, trans_b):
+@pytest.mark.parametrize("in_kernel", [True, False], ids=["in-kernel", "pre-pass"])
+def test_gates(gate, trans_a, trans_b, in_kernel, monkeypatch):
+  if gate == "out" and not in_kernel:
+    pytest.skip("the out gate is always in the kernel")
+  monkeypatch.setattr(fused_triton, "OPERAND_GATE_IN_KERNEL", in_kernel)
   act = {"out": "gelu", "lhs": "silu", "rhs": "gelu_exact"}[gate]
   run(_problem(gate=gate, gate_activation=act, trans_a=trans_a, trans_b=trans_b))
 
@@ -268,7 +280,7 @@ def test_split_k_refuses_epilogues():
                          dot_precision="tf32")
 
 
-def test_tma_refuses_operand_gates():
+def test_tma_refuses_operand_gates_in_the_kernel():
   problem = _problem(gate="lhs", gate_activation="relu", m=32, n=32, k=32)
   with pytest.raises(NotImplementedError, match="TMA"):
     BACKEND.check(problem, "persistent", TritonConfig(tma=True))

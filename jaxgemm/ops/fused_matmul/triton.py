@@ -5,9 +5,10 @@ Variants `tensorcore` and `persistent` are the matmul's rungs of those names
 `persistent.persistent_epilogue_kernel`): the same kernels with compile-time
 switches for a bias, an activation, a residual and the saved pre-activation
 (`jaxgemm.kernels.triton.epilogue`), or a gate ("out": the accumulator times
-act'(Z); "lhs"/"rhs": each loaded A/B tile times act'(Z), in fp32, rounded to
-the operand's dtype before the dot). Split-K is not offered: the epilogue
-needs the whole K sum (the kernel launch refuses it too).
+act'(Z), in the kernel; "lhs"/"rhs": A or B times act'(Z), in fp32, rounded to
+the operand's dtype before the dot: by an XLA pre-pass, see
+OPERAND_GATE_IN_KERNEL for the measurement, or in the kernel). Split-K is not
+offered: the epilogue needs the whole K sum (the kernel launch refuses it too).
 
 Operand layout (`matmul.layout.tensor_core_layout`): bias, residual and an
 "out" gate's Z are read in C's coordinates as given; an "lhs"/"rhs" gate's Z is
@@ -33,6 +34,16 @@ from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
 from jaxgemm.ops.matmul.triton import SMEM_BYTES, TritonConfig, TritonMatmul
 
 _VARIANTS = ("tensorcore", "persistent")
+# Gates "lhs"/"rhs" in the kernel (each loaded A/B tile times act'(Z) before the
+# dot) ran at 0.30x / 0.15x XLA's pre-pass + dot on the H100 (4096^3 bf16,
+# persistent 128x256x64: 0.680 / 1.368 ms against 0.204;
+# research/probes/epilogue-2026-11-25/triton_gpu-h100-run1.log): the tile,
+# changed in registers, leaves Triton's cp.async pipeline, and B goes back to
+# shared memory for wgmma. So the backend computes A * act'(Z) (or B *
+# act'(Z)) in one XLA fusion, in fp32 rounded to the operand's dtype (the
+# kernel's arithmetic), and runs the plain kernel on it; True runs the
+# in-kernel gate (`tiled.accumulate_tile`'s GATE switch, kept tested).
+OPERAND_GATE_IN_KERNEL = False
 
 
 class TritonFusedMatmul(registry.Backend):
@@ -103,7 +114,7 @@ class TritonFusedMatmul(registry.Backend):
           f"K sum); config.split_k must be 1, got {config.split_k}")
     activations.check(problem.activation)
     activations.check(problem.gate_activation, "gate_activation")
-    if config.tma and problem.gate in ("lhs", "rhs"):
+    if config.tma and problem.gate in ("lhs", "rhs") and OPERAND_GATE_IN_KERNEL:
       raise NotImplementedError(f"{what}: the TMA path does not gate operand tiles "
                                 f"(gate={problem.gate!r}); use tma=False")
     self._matmul.check(problem.as_gemm(), variant, config)
@@ -120,8 +131,20 @@ class TritonFusedMatmul(registry.Backend):
     from jaxgemm.kernels.triton import epilogue  # noqa: PLC0415 (needs triton)
     from jaxgemm.kernels.triton.matmul import layout  # noqa: PLC0415
     kernel = importlib.import_module(f"jaxgemm.kernels.triton.matmul.{variant}")
+    if problem.gate in ("lhs", "rhs") and not OPERAND_GATE_IN_KERNEL:
+      plain = layout.tensor_core_layout(kernel.matmul, problem.as_gemm(), config, platform)
+      return lambda a, b, z: plain(*gated_operands(problem, a, b, z))
     return layout.tensor_core_layout(kernel.matmul, problem, config, platform,
                                      extra_roles=epilogue.extra_roles(problem))
+
+
+def gated_operands(problem: FusedMatmulProblem, a, b, z):
+  """(A, B) with the gated one multiplied by act'(Z) in fp32, rounded to its dtype."""
+  import jax.numpy as jnp  # noqa: PLC0415
+  def gate(x):
+    g = activations.derivative(problem.gate_activation, z.astype(jnp.float32))
+    return (x.astype(jnp.float32) * g).astype(x.dtype)
+  return (gate(a), b) if problem.gate == "lhs" else (a, gate(b))
 
 
 registry.register(TritonFusedMatmul())
