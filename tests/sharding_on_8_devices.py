@@ -555,3 +555,58 @@ def test_ragged_dot_weight_gradient_sharded_over_tokens(partitioner, rng):
   assert_gemm_close(out, ref, bound, TOL, "ragged-K sharded over tokens")
   hlo = compiled.as_text()
   assert not float_gathers(hlo) and "all-reduce" in collectives(hlo), collectives(hlo)
+
+
+# ---------------------------------------------------------------- fused epilogues
+
+
+def _mlp_reference(x, w, bias, residual, wg=None):
+  """float64 silu(x @ w + bias) + residual, or the SwiGLU silu(x @ wg + bias) * (x @ w)."""
+  x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+  if wg is None:
+    z = x64 @ w64 + np.asarray(bias, np.float64)
+    return z / (1 + np.exp(-z)) + np.asarray(residual, np.float64)
+  z = x64 @ np.asarray(wg, np.float64) + np.asarray(bias, np.float64)
+  return z / (1 + np.exp(-z)) * (x64 @ w64)
+
+
+@pytest.mark.parametrize("x_spec,w_spec", [
+    pytest.param(P("x", None), P(None, None), id="data-parallel"),
+    pytest.param(P(None, None), P(None, "y"), id="tensor-parallel-columns"),
+    pytest.param(P("x", None), P(None, "y"), id="data-and-tensor"),
+    pytest.param(P(None, "y"), P("y", None), id="k-sharded-is-gathered"),
+])
+def test_fused_epilogue_and_glu_partition_without_gathering(partitioner, x_spec, w_spec, rng):
+  """Rows (data) and columns (tensor parallel, with the bias and residual along) stay
+  local with no collective; a sharded K cannot go through the activation, so the
+  rule keeps K whole (the partitioner gathers it) and the result is still exact."""
+  mesh = auto_mesh((2, 4), ("x", "y"))
+  x, w = random_array(rng, (32, 16), F32), random_array(rng, (16, 24), F32)
+  wg, bias = random_array(rng, (16, 24), F32), random_array(rng, (24,), F32)
+  residual = random_array(rng, (32, 24), F32)
+  n_spec = P(w_spec[1])
+  out_spec = P(x_spec[0], w_spec[1])
+  specs = (x_spec, w_spec, w_spec, n_spec, out_spec)
+  placed = [jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip((x, w, wg, bias, residual), specs)]
+  fused = lambda x, w, wg, b, r: jaxgemm.matmul(x, w, bias=b, activation="silu", residual=r,
+                                                precision=HIGHEST, backend="xla")
+  glu = lambda x, w, wg, b, r: jaxgemm.glu(x, wg, w, bias_gate=b, precision=HIGHEST,
+                                           backend="xla")
+  for name, fn, ref in (("fused", fused, _mlp_reference(x, w, bias, residual)),
+                        ("glu", glu, _mlp_reference(x, w, bias, None, wg))):
+    compiled = jax.jit(fn).lower(*placed).compile()
+    out = compiled(*placed)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5, err_msg=name)
+    found = collectives(compiled.as_text())
+    if x_spec == P(None, "y"):
+      assert "all-reduce" not in found, (name, found)   # K gathered, never summed partially
+    else:
+      assert not found, (name, found)
+  # The gradient partitions by the same rules (gated backward GEMMs included).
+  loss = lambda *a: (fused(*a) ** 2).sum()
+  grads = jax.jit(jax.grad(loss, (0, 1, 3, 4)))(*placed)
+  want = jax.grad(lambda x, w, b, r: ((jax.nn.silu(jnp.matmul(x, w, precision=HIGHEST) + b) + r)
+                                      ** 2).sum(), (0, 1, 2, 3))(x, w, bias, residual)
+  for g, wnt in zip(grads, want):
+    np.testing.assert_allclose(g, wnt, rtol=1e-4, atol=1e-4)
