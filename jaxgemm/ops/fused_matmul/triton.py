@@ -15,9 +15,13 @@ Operand layout (`matmul.layout.tensor_core_layout`): bias, residual and an
 transposed and zero-padded exactly as the operand it gates, so the kernel
 reads both with the same strides (the pad's zeros meet zeros of the operand).
 
-Heuristics are the matmul's on `problem.as_gemm()`; the config then shrinks
-(`within_shared_memory`) to the shared memory the epilogue adds, which the
-persistent rung stages (a second C tile where Z is saved).
+Heuristics are the matmul's on `problem.as_gemm()` (split-K off), fitted to
+shared memory as the matmul's (the epilogue adds none: `_smem_bytes`).
+
+Measured on the H100, 4096^3 bf16, heuristic configs, against XLA's program of
+the same expression (research/probes/epilogue-2026-11-25/, CUPTI, paired):
+bias+gelu+residual 0.98-0.99x, bias+silu 1.03x, saved Z 0.95x (3 stages),
+gate out 1.02x, gates lhs/rhs (pre-pass) 0.98x / 0.97x; the plain matmul 0.97x.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-import numpy as np
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, within_shared_memory
@@ -94,15 +97,11 @@ class TritonFusedMatmul(registry.Backend):
 
   @staticmethod
   def _smem_bytes(problem: FusedMatmulProblem, variant: str, config) -> tuple[int, str]:
-    """The matmul's count, plus the persistent rung's staging of the saved Z tile.
-
-    Bias, residual and gate tiles are read straight into registers."""
-    smem, formula = TritonMatmul._smem_bytes(problem.as_gemm(), variant, config)
-    if variant == "persistent" and problem.save_preactivation:
-      out_itemsize = np.dtype(problem.out_dtype).itemsize
-      smem += config.block_m * config.block_n * out_itemsize
-      formula += f" + block_m x block_n x {out_itemsize} B for the saved Z"
-    return smem, formula
+    """The matmul's count: bias, residual and gate tiles are read straight into
+    registers, and the saved Z reuses the C tile's staging buffer (persistent
+    128x256x64 bf16 with Z saved launched in 3 stages and ran 0.95x XLA; counted
+    as a second tile it fell to 2 stages and 0.65x: the probe's run-2 log)."""
+    return TritonMatmul._smem_bytes(problem.as_gemm(), variant, config)
 
   def check(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig) -> None:
     what = f"backend='triton' variant={variant!r} (fused_matmul)"

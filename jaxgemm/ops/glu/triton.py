@@ -12,6 +12,10 @@ MAX_BLOCK_N (two accumulators: 128x128 fp32 each is 128 registers per thread
 at 8 warps, as much as one 128x256 matmul tile), then fewer stages until the
 three operand tiles fit shared memory. Operand layout as the matmul's
 tensor-core rungs (`matmul.layout.tensor_core_layout`, Wu relaid like Wg).
+
+Measured on the H100, 4096^3 bf16 silu, heuristic config (128x128x64, 8 warps,
+3 stages), CUPTI paired with XLA's `silu(x @ wg) * (x @ wu)`: 1.00x (666
+TFLOP/s), with Zg, Zu saved 1.09x (research/probes/epilogue-2026-11-25/).
 """
 
 from __future__ import annotations
