@@ -445,6 +445,216 @@ MOE_SUITES: dict[str, list[MoeProblem]] = {
 }
 
 
+# ---------------------------------------------------------------- epilogue (issue 27)
+# A GEMM and what follows it in a transformer layer, as one expression: a bias, an
+# activation, a residual add, or the gate of a SwiGLU MLP. Each problem is one
+# expression at one shape, x (M, K) and each weight (K, N), in one of two modes:
+#
+#   fwd       y = expr(x, w, ...)                                   -> y
+#   fwd+bwd   y, vjp = jax.vjp(expr, x, w[, b]); vjp(dy), dy random -> (y, dx, dw[, db])
+#
+# against XLA's jitted program of the same jnp expression (bench/epilogue.py).
+# Gradients are taken with respect to x, the weights and the bias (a residual's is
+# the cotangent itself); the cotangent dy is an input (normal(0,1)), as a layer's is
+# in training, not the ones of grad(sum(...)), whose GEMMs XLA may simplify.
+
+
+@dataclasses.dataclass(frozen=True)
+class Expression:
+  """One jnp expression of the epilogue suites."""
+
+  name: str
+  text: str                     # as the reports print it
+  activation: str | None = None
+  bias: bool = False
+  residual: bool = False
+  glu: bool = False             # activation(x @ wg) * (x @ wu): two weights
+
+  @property
+  def op(self) -> str:
+    """The jaxgemm op its forward runs: matmul (bare), fused_matmul or glu."""
+    if self.glu:
+      return "glu"
+    return "fused_matmul" if (self.activation or self.bias or self.residual) else "matmul"
+
+  @property
+  def weights(self) -> int:
+    return 2 if self.glu else 1
+
+
+EXPRESSIONS = {e.name: e for e in (
+    Expression("dot", "x @ w"),
+    Expression("bias", "x @ w + b", bias=True),
+    Expression("bias.gelu", "gelu(x @ w + b)", activation="gelu", bias=True),
+    Expression("silu", "silu(x @ w)", activation="silu"),
+    Expression("bias.residual", "x @ w + b + residual", bias=True, residual=True),
+    Expression("swiglu", "silu(x @ wg) * (x @ wu)", activation="silu", glu=True),
+)}
+EPILOGUE_MODES = ("fwd", "fwd+bwd")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpilogueProblem:
+  suite: str
+  name: str
+  layer: str              # the shape's name: every expression at it shares it
+  expr: str               # a key of EXPRESSIONS
+  m: int
+  k: int
+  n: int
+  mode: str = "fwd"       # "fwd" or "fwd+bwd" (above)
+  dtype: str | None = None
+  default: bool = False
+  quick: bool = False
+  ladder: bool = False
+  note: str = ""
+
+  batch = 1
+  trans_a = False
+  trans_b = False
+  layout = "NN"
+
+  @property
+  def expression(self) -> Expression:
+    return EXPRESSIONS[self.expr]
+
+  @property
+  def op(self) -> str:
+    return self.expression.op
+
+  @property
+  def backward(self) -> bool:
+    return self.mode == "fwd+bwd"
+
+  @property
+  def gemms(self) -> int:
+    """GEMMs of M x K x N the expression runs: 1 or 2 forward, 3x with the backward."""
+    return self.expression.weights * (3 if self.backward else 1)
+
+  @property
+  def flops(self) -> int:
+    return 2 * self.m * self.k * self.n * self.gemms
+
+  def input_shapes(self) -> list[tuple[int, ...]]:
+    """The operands in call order: x, the weight(s), [b], [residual], [dy (fwd+bwd)]."""
+    e = self.expression
+    shapes = [(self.m, self.k)] + [(self.k, self.n)] * e.weights
+    shapes += [(self.n,)] if e.bias else []
+    shapes += [(self.m, self.n)] if e.residual else []
+    shapes += [(self.m, self.n)] if self.backward else []
+    return shapes
+
+  def grad_argnums(self) -> tuple[int, ...]:
+    """The operands differentiated in fwd+bwd: x, the weight(s), the bias."""
+    e = self.expression
+    return tuple(range(1 + e.weights + int(e.bias)))
+
+  def out_shape(self) -> tuple[int, int]:
+    return (self.m, self.n)
+
+  def min_bytes(self, dtype_name: str) -> int:
+    """Each operand read once and each output written once (fwd+bwd: y and the
+    gradients of x, the weights and the bias)."""
+    item = np.dtype(dtype_of(dtype_name)).itemsize
+    shapes = self.input_shapes() + [self.out_shape()]
+    if self.backward:
+      shapes += [self.input_shapes()[i] for i in self.grad_argnums()]
+    return item * sum(math.prod(s) for s in shapes)
+
+  def size_label(self) -> str:
+    return f"{self.m}x{self.k}x{self.n} {self.expr} {self.mode}"
+
+  def csv_fields(self, dtype_name: str) -> dict:
+    """The problem's columns of a CSV row (`runner.base_row`)."""
+    return {
+        "batch": 1, "m": self.m, "k": self.k, "n": self.n, "layout": self.layout,
+        "ladder": int(self.ladder), "flops": self.flops, "min_bytes": self.min_bytes(dtype_name),
+        "arith_intensity": round(self.flops / self.min_bytes(dtype_name), 3),
+        "problem_note": self.note, "mode": self.mode, "layer": self.layer, "expr": self.expr,
+    }
+
+
+# The issue's three shapes: (name, M, K, N, note). 8192x4096x14336 and 128x4096x14336 are
+# Llama-3-8B's MLP gate (or up) projection at 8192 and 128 tokens.
+EPILOGUE_SHAPES = (
+    ("m8192.k4096.n14336", 8192, 4096, 14336, "llama3-8b MLP gate/up, 8192 tokens"),
+    ("sq4096", 4096, 4096, 4096, "4096^3"),
+    ("m128.k4096.n14336", 128, 4096, 14336, "llama3-8b MLP gate/up, 128 tokens"),
+)
+# The issue's table (and targets): what `--default-only` runs; swiglu at 4096^3 is not in it.
+EPILOGUE_DEFAULT = {
+    "fwd": {"dot", "bias", "bias.gelu", "silu", "bias.residual", "swiglu"},
+    "fwd+bwd": {"bias.gelu", "swiglu"},
+}
+EPILOGUE_QUICK = {("m8192.k4096.n14336", "bias.gelu", "fwd"), ("m128.k4096.n14336", "swiglu", "fwd"),
+                  ("m8192.k4096.n14336", "bias.gelu", "fwd+bwd")}
+# The MLP shapes of the llm suite (LLM_LAYERS) at its default token counts: the gate/up
+# projection with an activation (bias.gelu, silu) or as SwiGLU, the down projection with a
+# bias and the residual add. Llama-3-8B's up at 128 and 8192 tokens are the issue's shapes.
+EPILOGUE_LLM = (
+    ("llama3-8b", (2048,), (128, 2048, 8192)),     # (model, tokens of up, tokens of down)
+    ("llama3-70b", (4096,), (4096,)),
+)
+EPILOGUE_LLM_D_FF = {"llama3-8b": 14336, "llama3-70b": 28672}
+
+
+def _epilogue_problem(suite, layer, expr, m, k, n, mode, note, **kw):
+  name = f"{layer}.{expr}" + ("" if mode == "fwd" else f".{mode}")
+  return EpilogueProblem(suite, name, layer, expr, m, k, n, mode=mode,
+                         note=f"{note}; {EXPRESSIONS[expr].text}"
+                              + ("; forward + backward" if mode != "fwd" else ""), **kw)
+
+
+def _epilogue():
+  """Every forward problem first, then the fwd+bwd ones; the issue's shapes first."""
+  out = []
+  for mode in EPILOGUE_MODES:
+    for layer, m, k, n, note in EPILOGUE_SHAPES:
+      for expr in EXPRESSIONS:
+        out.append(_epilogue_problem(
+            "epilogue", layer, expr, m, k, n, mode, note,
+            default=expr in EPILOGUE_DEFAULT[mode] and not (expr == "swiglu" and layer == "sq4096"),
+            quick=(layer, expr, mode) in EPILOGUE_QUICK))
+    for model, up_tokens, down_tokens in EPILOGUE_LLM:
+      d, ff = LLM_LAYERS[model]["o"][0], EPILOGUE_LLM_D_FF[model]
+      for t in up_tokens:
+        for expr in ("bias.gelu", "silu", "swiglu"):
+          out.append(_epilogue_problem("epilogue", f"{model}.up.t{t}", expr, t, d, ff, mode,
+                                       f"{model} MLP gate/up, {t} tokens"))
+      for t in down_tokens:
+        out.append(_epilogue_problem("epilogue", f"{model}.down.t{t}", "bias.residual", t, ff,
+                                     d, mode, f"{model} MLP down, {t} tokens"))
+  return out
+
+
+# The CPU's analogue (interpreters, XLA:CPU): every expression in both modes at one small
+# shape, and a few at a shape that is no multiple of any tile, and a decode-sized one.
+EPILOGUE_TINY_SHAPES = (
+    ("m64.k32.n128", 64, 32, 128, tuple(EXPRESSIONS), "small"),
+    ("m40.k24.n72", 40, 24, 72, ("bias.gelu", "swiglu"), "no multiple of a tile"),
+    ("m4.k64.n96", 4, 64, 96, ("bias.residual",), "decode-sized"),
+)
+
+
+def _epilogue_tiny():
+  out = []
+  for mode in EPILOGUE_MODES:
+    for layer, m, k, n, exprs, note in EPILOGUE_TINY_SHAPES:
+      for expr in exprs:
+        out.append(_epilogue_problem("epilogue-tiny", layer, expr, m, k, n, mode, note,
+                                     default=True, quick=layer == "m64.k32.n128"))
+  return out
+
+
+# The ops an epilogue suite's backends come from (a backend of either runs on every problem;
+# one without kernels for a problem's op gets an `unsupported` row there).
+EPILOGUE_OPS = ("fused_matmul", "glu")
+EPILOGUE_SUITES: dict[str, list[EpilogueProblem]] = {
+    "epilogue": _epilogue(),
+    "epilogue-tiny": _epilogue_tiny(),
+}
+
+
 SUITES: dict[str, list[BenchProblem]] = {
     "square": _square(),
     "llm": _llm(),
@@ -458,13 +668,15 @@ SUITES: dict[str, list[BenchProblem]] = {
 }
 # The training suite is not a table of GEMMs: see training.py.
 TRAINING = "training"
-ALL_SUITES = (*SUITES, TRAINING, *MOE_SUITES)
+ALL_SUITES = (*SUITES, TRAINING, *MOE_SUITES, *EPILOGUE_SUITES)
 # The op each suite measures (a jaxgemm op registered in jaxgemm.registry): matmul's
 # suites run through runner.py, ragged_dot's (the moe suites: their grouped GEMMs,
-# then an MoE training step) through moe.py.
-SUITE_OP = {suite: "ragged_dot" if suite in MOE_SUITES else "matmul" for suite in ALL_SUITES}
+# then an MoE training step) through moe.py, fused_matmul's (the epilogue suites: GEMMs
+# with epilogues, and glu's dual GEMM, then a SwiGLU training step) through epilogue.py.
+SUITE_OP = {suite: "ragged_dot" if suite in MOE_SUITES else
+            "fused_matmul" if suite in EPILOGUE_SUITES else "matmul" for suite in ALL_SUITES}
 GPU_DEFAULT_SUITES = ("square", "llm", "skinny", "unaligned", "backward", TRAINING)
-CPU_DEFAULT_SUITES = ("tiny", TRAINING, "moe-tiny")
+CPU_DEFAULT_SUITES = ("tiny", TRAINING, "moe-tiny", "epilogue-tiny")
 
 SUITE_HELP = {
     "square": "M=K=N from 256 to 16384 (powers of two and a few non-powers)",
@@ -478,6 +690,10 @@ SUITE_HELP = {
            "backward GEMMs of 2, vs lax.ragged_dot and jax's example kernel; an MoE "
            "training step",
     "moe-tiny": "the moe suite's CPU analogue (interpreters; empty groups, a one-row group)",
+    "epilogue": "GEMM epilogues (issue 27): x@w+b, gelu(x@w+b), silu(x@w), x@w+b+residual, "
+                "SwiGLU (glu), forward and forward+backward, vs XLA's program of the same "
+                "jnp expression; a SwiGLU training step",
+    "epilogue-tiny": "the epilogue suite's CPU analogue (interpreters)",
     "default": "the default subset of every suite (under 10 minutes on an H200); "
                "on a machine without a GPU: tiny + a small training run + moe-tiny",
 }
@@ -485,7 +701,7 @@ SUITE_HELP = {
 
 def select(suite: str, *, default_only: bool, quick: bool) -> list:
   """The problems of `suite`, restricted to its default (or quick) subset."""
-  probs = SUITES[suite] if suite in SUITES else MOE_SUITES[suite]
+  probs = SUITES.get(suite) or MOE_SUITES.get(suite) or EPILOGUE_SUITES[suite]
   if quick:
     return [p for p in probs if p.quick]
   if default_only:

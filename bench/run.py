@@ -98,7 +98,7 @@ def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
                     P.select(s, default_only=True, quick=args.quick)))
     elif name == P.TRAINING:
       out.append((name, None))
-    elif name in P.SUITES or name in P.MOE_SUITES:
+    elif name in P.SUITES or name in P.MOE_SUITES or name in P.EPILOGUE_SUITES:
       out.append((name, P.select(name, default_only=args.default_only, quick=args.quick)))
     else:
       raise SystemExit(f"unknown suite {name!r}; valid: {[*P.ALL_SUITES, 'default']}")
@@ -136,7 +136,9 @@ def _list(args, on_gpu, platform):
       print(f"[{suite}] a training step: see bench/training.py")
       continue
     print(f"[{suite}] {len(probs)} problems" + (
-        ", then an MoE training step (bench/training.py)" if suite in P.MOE_SUITES else ""))
+        ", then an MoE training step (bench/training.py)" if suite in P.MOE_SUITES else
+        ", then a SwiGLU training step (bench/training.py)" if suite in P.EPILOGUE_SUITES
+        else ""))
     for p in probs:
       flags = "".join(f for f, on in (("D", p.default), ("Q", p.quick), ("L", p.ladder)) if on)
       print(f"  {p.name:<32} {p.size_label():>22} {p.layout}  {flags:<3} {p.note}")
@@ -192,7 +194,8 @@ def main(argv) -> int:
   def backends_of(suite: str) -> list[str]:
     if args.backends:
       return backends
-    return [runner.AUTO, *jaxgemm.backends(P.SUITE_OP[suite])]
+    ops = P.EPILOGUE_OPS if suite in P.EPILOGUE_SUITES else (P.SUITE_OP[suite],)
+    return [runner.AUTO, *dict.fromkeys(b for op in ops for b in jaxgemm.backends(op))]
 
   def variants_of(b: str) -> list[str]:
     return [v for op in jaxgemm.registry.ops() if b in jaxgemm.backends(op)
@@ -211,6 +214,11 @@ def main(argv) -> int:
     args.time_budget = moe.GPU_TIME_BUDGET_S
     print(f"time budget: {args.time_budget:g} s (the moe suites' default on a GPU, to fit a "
           "10-minute command; --time-budget to change)")
+  if on_gpu and not args.time_budget and all(s in P.EPILOGUE_SUITES for s, _ in suites):
+    from . import epilogue  # noqa: PLC0415
+    args.time_budget = epilogue.GPU_TIME_BUDGET_S
+    print(f"time budget: {args.time_budget:g} s (the epilogue suites' default on a GPU, to fit "
+          "a 10-minute command; --time-budget to change)")
   if on_gpu:
     runner.setup_triton_cache()
   prov = csvio.provenance()
@@ -294,6 +302,17 @@ def main(argv) -> int:
         moe.run_moe_suite(ctx, suite, probs, backends_of(suite), variants, training_cfg=cfg,
                           quick=args.quick, training=not only or any(
                               fnmatch.fnmatch(cfg.name, g) for g in only))
+      elif suite in P.EPILOGUE_SUITES:
+        from . import epilogue  # noqa: PLC0415
+        from . import training as T  # noqa: PLC0415
+        import dataclasses  # noqa: PLC0415
+        base = T.swiglu_model(on_gpu, args.quick)
+        cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
+        # as for the moe suites: the step runs unless --only names others only
+        only = [g.strip() for g in args.only.split(",") if g.strip()]
+        epilogue.run_epilogue_suite(ctx, suite, probs, backends_of(suite), variants,
+                                    training_cfg=cfg, quick=args.quick, training=not only or any(
+                                        fnmatch.fnmatch(cfg.name, g) for g in only))
       else:
         runner.run_gemm_suite(ctx, suite, probs, backends_of(suite), variants)
       print(f"== suite {suite} done in {time.perf_counter() - t0:.1f} s")
