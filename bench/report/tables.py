@@ -473,9 +473,15 @@ def _gemm_floor_ms(run: Run, suite: str, p: dict) -> float | None:
   return num(dot["time_ms_median"]) * gemms
 
 
+def _us_e(r: dict) -> str:
+  """A row's time in us, with a decimal below 100 us (the decode-sized problems)."""
+  us = num(r["time_ms_median"]) * 1e3
+  return f"{us:.1f} us" if us < 100 else f"{us:,.0f} us"
+
+
 def _us_x(r: dict) -> str:
   """'1,234 us (1.05x)': a kernel row's time and its speedup over XLA's program."""
-  return f"{_us(r)} ({_fmt_x(num(r['speedup_vs_xla']))})"
+  return f"{_us_e(r)} ({_fmt_x(num(r['speedup_vs_xla']))})"
 
 
 def _epilogue_backends(run: Run, suites) -> list[str]:
@@ -503,7 +509,7 @@ def epilogue_table(run: Run, suite: str) -> list[str]:
     name = p["problem"]
     if p["status"] == "ok":
       floor = _gemm_floor_ms(run, suite, p)
-      xla = _us(p) + (f" ({num(p['time_ms_median']) / floor:.3f}x)" if floor else "")
+      xla = _us_e(p) + (f" ({num(p['time_ms_median']) / floor:.3f}x)" if floor else "")
     else:
       xla = p["status"]
     row = [name, _expr_text(p), _shape(p), xla]
@@ -562,7 +568,7 @@ def epilogue_targets_table(run: Run) -> list[str]:
     if suite is None:
       continue
     ref = next(p for p in run.problems(suite) if p["problem"] == problem)
-    cells, values = [_us(ref) if ref["status"] == "ok" else ref["status"]], []
+    cells, values = [_us_e(ref) if ref["status"] == "ok" else ref["status"]], []
     for b in bs:
       r = _pick(run, suite, problem, b)
       cells.append(_epilogue_cell(run, suite, problem, b))
