@@ -29,6 +29,7 @@ from jaxgemm.bench import epilogue as E
 from jaxgemm.bench import problems as P
 from jaxgemm.bench import runner
 from jaxgemm.bench import training as T
+from jaxgemm.bench import tune
 from jaxgemm.bench.report import csvio, generate, tables
 from conftest import SLOW_INTERPRETERS
 
@@ -318,6 +319,24 @@ def test_epilogue_tiny_report(epi_run):
   targets = report[report.index("## GEMM epilogue targets (issue 27)"):]
   assert "SwiGLU training step (swiglu." in targets and "m8192" not in targets
   assert "#### GEMM epilogues: suite `epilogue-tiny`" in (epi_run / "README_TABLES.md").read_text()
+
+
+def test_tune_collects_every_gemm_of_the_suite_and_its_step():
+  """`python -m bench tune --suite epilogue-tiny`'s problems: each default problem's fused
+  forward, glu, and the gated backward GEMMs, then the SwiGLU step's."""
+  found = tune.epilogue_problems("bf16", "epilogue-tiny")
+  assert len(found) == len(set(found))
+  by_op = {}
+  for p in found:
+    by_op.setdefault(p.op, []).append(p)
+  assert set(by_op) == {"matmul", "fused_matmul", "glu"}
+  fused = by_op["fused_matmul"]
+  assert any(p.activation == "gelu" and p.bias == "shared" and (p.m, p.k, p.n) == (64, 32, 128)
+             for p in fused)
+  assert any(p.gate == "lhs" for p in fused) and any(p.gate == "rhs" for p in fused)
+  assert any(p.residual and (p.m, p.k, p.n) == (4, 64, 96) for p in fused)
+  c = T.CPU_SWIGLU_MODEL                       # the step's glu: tokens x d_model -> d_ff
+  assert any((p.m, p.k, p.n) == (c.tokens, c.d_model, c.d_ff) and p.bias for p in by_op["glu"])
 
 
 def test_cli_lists_the_epilogue_suites():
