@@ -13,8 +13,8 @@ fp32 accumulator, before its one rounding to out_dtype:
 * residual, and gate "out"'s Z: a (64, epi_tile_n) tile per piece, TMA-loaded
   into two SMEM slots per consumer warpgroup one piece ahead (the first
   piece's during the tile's main loop). That is 4 more 64 x epi_tile_n
-  buffers, so the default 256x128x64 tiles run 3 stages instead of 4 (the
-  backend shrinks the ring to fit; with a Z wider than out_dtype, at trace time);
+  buffers: the default 256x128x64 tiles keep their 4 stages with 32-wide
+  pieces (`default_config`; a Z wider than out_dtype shrinks the ring at trace time);
 * save_preactivation: Z stored as a second output through the same slots.
 
 Gates "lhs" and "rhs" (C = op(A * g(Z)) @ op(B), op(A) @ op(B * g(Z))) are an
@@ -167,13 +167,30 @@ class PallasFusedMatmul(registry.Backend):
           f"Hopper CTA can have; lower max_concurrent_steps, tile_k or the tiles")
 
   def default_config(self, problem: FusedMatmulProblem, variant: str) -> PallasConfig:
-    """PallasMatmul's tiles for the bare GEMM, the ring shrunk for the epilogue's slots."""
+    """PallasMatmul's tiles for the bare GEMM; where the epilogue's tile slots
+    (residual, Z) would cost a stage, 32-wide epilogue pieces instead (half the
+    slots), else the ring shrunk to fit.
+
+    H100, jax 0.11.2, bias+residual, CUPTI paired with XLA's `x @ w + b + r`:
+    256x128x64 in 3 stages with 64-wide pieces 195.0 us at 4096^3 (0.928x XLA)
+    and 1407.2 us at 8192x4096x14336 (0.894x); in 4 stages with 32-wide pieces
+    185.1 us (0.979x) and 1297.3 us (0.970x); the plain matmul in 3 stages
+    loses the same 7% (research/probes/epilogue-pallas-2026-11-25/probe_sweep_run2.log).
+    Without tile slots 64-wide pieces stay (gelu+bias: 184.6 against 185.9 us).
+    """
     config = _MATMUL.default_config(problem.as_gemm(), variant)
-    return fit_stages(problem, variant, config, tile_itemsize(problem))
+    itemsize = tile_itemsize(problem)
+    narrow = dataclasses.replace(config, epi_tile_n=min(32, config.epi_tile_n))
+    if (itemsize and sum(smem_bytes(problem, variant, config, itemsize).values())
+        > matmul_pallas._SMEM_CAPACITY_BYTES):
+      config = narrow
+    return fit_stages(problem, variant, config, itemsize)
 
   def tuning_candidates(self, problem: FusedMatmulProblem) -> list[tuple[str, PallasConfig]]:
     out = [(v, self.default_config(problem, v)) for v in ("clusters", "warp_specialized")]
     out.append(("clusters", dataclasses.replace(out[0][1], grid_minor_m=True)))
+    if out[0][1].epi_tile_n > 32:
+      out.append(("clusters", dataclasses.replace(out[0][1], epi_tile_n=32)))
     return out
 
   def impl(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig,

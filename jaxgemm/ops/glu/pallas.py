@@ -3,7 +3,7 @@
 `jaxgemm.kernels.pallas.glu.dual`: the matmul ladder's persistent
 warp-specialized body with its dual switch. Each K step loads X's tile once
 and both weight tiles; each consumer warpgroup holds two fp32 accumulators
-((tile_m / 2) x tile_n each, so 128x128 or 256x64 tiles), and the epilogue
+((tile_m / 2) x tile_n each, so 256x64 or 128x128 tiles), and the epilogue
 computes act(X Wg + bg) * (X Wu + bu) per (64, epi_tile_n) piece in fp32
 (storing Zg and Zu too with save_preactivation). Variants: `dual` (one CTA
 per SM) and `dual_clusters` (2-CTA clusters multicasting the shared tile).
@@ -58,6 +58,14 @@ def reference(problem: GluProblem, x, wg, wu, *biases):
   return h
 
 
+def _fit_stages(problem: GluProblem, variant: str, config: PallasConfig) -> PallasConfig:
+  """`config` with its ring shrunk (to 2 stages at least) until shared memory fits."""
+  while (sum(smem_bytes(problem, variant, config).values())
+         > matmul_pallas._SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
+    config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
+  return config
+
+
 class PallasGlu(registry.Backend):
   op = "glu"
   name = "pallas"
@@ -92,23 +100,27 @@ class PallasGlu(registry.Backend):
           f"lower max_concurrent_steps, tile_k or the tiles")
 
   def default_config(self, problem: GluProblem, variant: str) -> PallasConfig:
-    """PallasMatmul's tiles for one of the GEMMs, tile_m halved until both
-    accumulators fit (256x128 -> 128x128; its 64-wide N tiles for M <= 128 keep
-    their rows), the ring shrunk until the second weight's fits."""
+    """PallasMatmul's tiles for one of the GEMMs, tile_n halved until both
+    accumulators fit (256x128 -> 256x64; M <= 128 has 64-wide N tiles already),
+    the ring shrunk until the second weight's fits.
+
+    H100, jax 0.11.2, glu silu, CUPTI paired with XLA's `silu(x @ wg) * (x @ wu)`:
+    256x64x64 in 4 stages 353.0 us at 4096^3 (1.183x XLA) and 2454.3 us at
+    8192x4096x14336 (1.058x), against 356.9 and 2497.7 us for 128x128x64
+    (research/probes/epilogue-pallas-2026-11-25/probe_sweep_run2.log, probe_run1.log).
+    """
     config = _MATMUL.default_config(problem.as_gemm(), _RUNG[variant])
-    tile_m = config.tile_m
-    while (tile_m // 2) * config.tile_n * 2 > _MAX_ACC_ELEMENTS and tile_m > 128:
-      tile_m //= 2
-    config = dataclasses.replace(config, tile_m=tile_m)
-    while (sum(smem_bytes(problem, variant, config).values())
-           > matmul_pallas._SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
-      config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
-    return config
+    tile_n = config.tile_n
+    while (config.tile_m // 2) * tile_n * 2 > _MAX_ACC_ELEMENTS and tile_n > 16:
+      tile_n //= 2
+    config = dataclasses.replace(config, tile_n=tile_n, epi_tile_n=min(config.epi_tile_n, tile_n))
+    return _fit_stages(problem, variant, config)
 
   def tuning_candidates(self, problem: GluProblem) -> list[tuple[str, PallasConfig]]:
     out = [(v, self.default_config(problem, v)) for v in ("dual_clusters", "dual")]
-    wide = dataclasses.replace(out[0][1], tile_m=256, tile_n=64, epi_tile_n=64)
-    out.append(("dual_clusters", wide))
+    square = dataclasses.replace(out[0][1], tile_m=128, tile_n=128, epi_tile_n=64,
+                                 max_concurrent_steps=4)
+    out.append(("dual_clusters", _fit_stages(problem, "dual_clusters", square)))
     return out
 
   def impl(self, problem: GluProblem, variant: str, config: KernelConfig, platform: str):
