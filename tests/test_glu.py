@@ -105,13 +105,16 @@ def test_grad_jvp_and_vmap(kernel, rng):
   tangents = tuple(random_array(rng, a.shape, jnp.float32) for a in args)
   _, tangent = jax.jit(lambda p, t: jax.jvp(ours, p, t))(args, tangents)
   _, want_tangent = jax.jvp(_theirs, args, tangents)
-  np.testing.assert_allclose(tangent, want_tangent, rtol=tol, atol=tol)
+  # TF32 on the GPU: errors scale with the largest products, not each element.
+  np.testing.assert_allclose(tangent, want_tangent, rtol=tol,
+                             atol=tol * np.abs(want_tangent).max())
   stack = lambda a: jnp.stack([a, -0.5 * a])
   for axes in ((0, None, None, None, None), (None, 0, 0, None, None), (None, None, None, 0, 0)):
     vargs = [stack(a) if ax == 0 else a for a, ax in zip(args, axes)]
     out = jax.jit(jax.vmap(ours, in_axes=axes))(*vargs)
-    np.testing.assert_allclose(out, jax.vmap(_theirs, in_axes=axes)(*vargs), rtol=tol,
-                               atol=tol, err_msg=f"{axes}")
+    want = jax.vmap(_theirs, in_axes=axes)(*vargs)
+    np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max(),
+                               err_msg=f"{axes}")
 
 
 @pytest.mark.parametrize("call, error, match", [
