@@ -135,17 +135,18 @@ def _jvp(primals, tangents, **params):
   def dz(w, dw, dbias):
     terms = [None if _is_zero(dx) else mm(dx, w), None if _is_zero(dw) else mm(x, dw),
              None if dbias is None or _is_zero(dbias) else
-             _bias_to_out(dbias, h.shape, nb, 1, params["bias"]).astype(h.dtype)]
+             _bias_to_out(dbias.astype(np.float32), h.shape, nb, 1, params["bias"])]
     out = _sum(terms)
     return jnp.zeros(h.shape, h.dtype) if out is None else out
 
   dzg = dz(w_gate, dwg, dbiases[0] if dbiases else None)
   dzu = dz(w_up, dwu, dbiases[1] if dbiases else None)
   zg32, zu32 = zg.astype(np.float32), zu.astype(np.float32)
+  # dzg, dzu stay fp32 where a bias's tangent joins them (its cotangent sums every row).
   dh = (activations.derivative(act, zg32) * zu32 * dzg
         + activations.apply(act, zg32) * dzu).astype(h.dtype)
   if params["save_preactivation"]:
-    return [h, zg, zu], [dh, dzg, dzu]
+    return [h, zg, zu], [dh, dzg.astype(h.dtype), dzu.astype(h.dtype)]
   return [h], [dh]
 
 
