@@ -158,18 +158,47 @@ def _interpreted_language():
     for interpreted clones: kernels reach them as attributes of `tl`;
   * the interpreter patches tl and tl.core with its builtins at each device
     function call and restores only the outermost call's patches, so we take
-    one patch scope over both modules first and restore it last.
+    one patch scope over both modules first and restore it last;
+  * a scalar tensor's `__index__` takes the value of its one-element array
+    (`_patch_lang_tensor_index`): the loop bounds of our kernels depend on it.
   """
   import triton.language as tl  # noqa: PLC0415
   from triton.runtime import interpreter  # noqa: PLC0415
 
   originals = {n: v for n, v in vars(tl).items() if isinstance(v, triton.JITFunction)}
-  scope = interpreter._patch_lang(types.SimpleNamespace(__globals__={"tl": tl, "core": tl.core}))
+  patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+  if patch_tensor is not None:
+    interpreter._patch_lang_tensor = _patch_lang_tensor_index(patch_tensor)
   try:
-    for name, jit_fn in originals.items():
-      setattr(tl, name, _interpreted(jit_fn))
-    yield
+    scope = interpreter._patch_lang(
+        types.SimpleNamespace(__globals__={"tl": tl, "core": tl.core}))
+    try:
+      for name, jit_fn in originals.items():
+        setattr(tl, name, _interpreted(jit_fn))
+      yield
+    finally:
+      for name, jit_fn in originals.items():
+        setattr(tl, name, jit_fn)
+      scope.restore()
   finally:
-    for name, jit_fn in originals.items():
-      setattr(tl, name, jit_fn)
-    scope.restore()
+    if patch_tensor is not None:
+      interpreter._patch_lang_tensor = patch_tensor
+
+
+def _patch_lang_tensor_index(patch_tensor):
+  """The interpreter's `_patch_lang_tensor` (run at every device function call),
+  then `tensor.__index__` as Triton 3.9 has it: int of the squeezed array.
+
+  The interpreter holds a scalar as a one-element 1-D numpy array: program_id,
+  and under Triton 3.6 every assigned value (its AST rewrite wraps the right
+  side of each `x = ...` in `to_tensor`). Triton 3.6's `__index__` is
+  `int(array)`, which NumPy 2.4 refuses for ndim > 0 ("only 0-dimensional arrays
+  can be converted to Python scalars"), so `range(0, tl.cdiv(k_len, BLOCK_K))`
+  (split-K, the fused epilogue kernel) and the persistent
+  `tl.range(tl.program_id(0), ...)` failed there. Host-side only: compiled
+  kernels never see this.
+  """
+  def patched(tensor, scope):
+    patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+  return patched
