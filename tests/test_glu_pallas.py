@@ -115,6 +115,19 @@ def test_lowers_for_the_gpu(layout, dtype):
     assert "mosaic_gpu" in text
 
 
+@pytest.mark.parametrize("save_preactivation", [False, True])
+def test_gpu_impl_returns_one_array_per_output(save_preactivation):
+  """The cuda impl (traced here) returns H alone, or (H, Zg, Zu): as the op's contract
+  and the interpreter's path do (the kernel's 1-tuple is unwrapped)."""
+  p = _problem(1, 256, 256, 128, activation="silu", save_preactivation=save_preactivation)
+  args = [jax.ShapeDtypeStruct(s, p.dtype) for s in (p.a_shape, p.b_shape, p.b_shape)]
+  for variant in BACKEND.variants:
+    out = jax.eval_shape(BACKEND.impl(p, variant, BACKEND.default_config(p, variant), "cuda"),
+                         *args)
+    want = jax.ShapeDtypeStruct(p.out_shape, p.out_dtype)
+    assert out == ((want,) * 3 if save_preactivation else want), (variant, out)
+
+
 def test_checks():
   p = _problem(1, 4096, 4096, 4096, activation="silu")
   with pytest.raises(ValueError, match="two fp32 accumulators"):
@@ -134,6 +147,12 @@ def test_default_configs_pass_their_checks():
             _problem(1, 8192, 14336, 4096, activation="gelu", bias="shared",
                      save_preactivation=True),
             _problem(1, 128, 8192, 8192, activation="silu"),
+            # skinny with fp32 epilogue slots: two 128-deep stages of the 128x128
+            # candidate would need 256 KiB, so its tile_k is halved
+            _problem(1, 128, 8192, 8192, BF16, F32, activation="silu",
+                     save_preactivation=True),
+            _problem(1, 64, 4096, 4096, F32, activation="gelu"),
+            _problem(2, 1000, 1536, 712, activation="silu"),   # the GPU tier's
             _problem(2, 4095, 4097, 1000, F32, activation="relu")):
     for variant in BACKEND.variants:
       BACKEND.check(p, variant, BACKEND.default_config(p, variant))

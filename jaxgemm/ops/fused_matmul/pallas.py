@@ -220,9 +220,12 @@ class PallasFusedMatmul(registry.Backend):
       if ep.loads_tile:   # Z's own dtype may be wider than out_dtype
         cfg = fit_stages(problem, variant, config, np.dtype(extras[-1].dtype).itemsize)
       cluster = ((cfg.cluster_m, cfg.cluster_n) if variant == "clusters" else (1, 1))
-      return warp_specialized.persistent_call(
+      out = warp_specialized.persistent_call(
           a, b, laid_out, cfg, interpret, cluster_m=cluster[0], cluster_n=cluster[1],
           epilogue=ep, extras=extras)
+      # An epilogue's outputs come back as a tuple, a 1-tuple without
+      # save_preactivation; the op's contract is one array then.
+      return out[0] if isinstance(out, tuple) and problem.num_outputs == 1 else out
 
     if not interpret or empty:
       return pallas_fused_matmul

@@ -59,10 +59,21 @@ def reference(problem: GluProblem, x, wg, wu, *biases):
 
 
 def _fit_stages(problem: GluProblem, variant: str, config: PallasConfig) -> PallasConfig:
-  """`config` with its ring shrunk (to 2 stages at least) until shared memory fits."""
-  while (sum(smem_bytes(problem, variant, config).values())
-         > matmul_pallas._SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
-    config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
+  """`config` with its ring shrunk until shared memory fits: stages down to 2, then
+  tile_k halved down to one 128-byte swizzle span (64 16-bit or 32 fp32 elements).
+
+  Skinny problems (M <= 128) take 128-deep K steps from PallasMatmul; with the
+  second weight's ring and fp32 epilogue slots, two such stages of 128x128 tiles
+  need 256 KiB (more than the 227 KiB a CTA can have), 64-deep ones 160 KiB.
+  """
+  min_k = 128 // np.dtype(problem.dtype).itemsize
+  while sum(smem_bytes(problem, variant, config).values()) > matmul_pallas._SMEM_CAPACITY_BYTES:
+    if config.max_concurrent_steps > 2:
+      config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
+    elif config.tile_k > min_k:
+      config = dataclasses.replace(config, tile_k=config.tile_k // 2)
+    else:
+      break
   return config
 
 
@@ -140,11 +151,14 @@ class PallasGlu(registry.Backend):
       x2, wg2, laid_out = common.k_major_operands(x, wg, gemm)
       if laid_out is not gemm and gemm.trans_b != laid_out.trans_b:
         wu = jnp.swapaxes(wu, 1, 2)   # TF32 reads K-major: as wg was
-      return dual.dual(x2, wg2, wu, biases, laid_out, config, activation=problem.activation,
-                       bias=problem.bias, save_preactivation=problem.save_preactivation,
-                       interpret=interpret,
-                       cluster_m=config.cluster_m if clustered else 1,
-                       cluster_n=config.cluster_n if clustered else 1)
+      out = dual.dual(x2, wg2, wu, biases, laid_out, config, activation=problem.activation,
+                      bias=problem.bias, save_preactivation=problem.save_preactivation,
+                      interpret=interpret,
+                      cluster_m=config.cluster_m if clustered else 1,
+                      cluster_n=config.cluster_n if clustered else 1)
+      # The kernel returns its epilogue's outputs as a tuple, a 1-tuple without
+      # save_preactivation; the op's contract is one array then.
+      return out[0] if isinstance(out, tuple) and problem.num_outputs == 1 else out
 
     if not interpret or empty:
       return pallas_glu
