@@ -111,7 +111,9 @@ class PallasMatmul(registry.Backend):
   op = "matmul"
   name = "pallas"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul")
+  # The plain kernels run the epilogue module's code (switched off): it is theirs too.
+  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.epilogue",
+                    "jaxgemm.kernels.pallas.matmul")
   config_cls = PallasConfig
   variants = VARIANTS
 

@@ -188,7 +188,8 @@ class TritonMatmul(registry.Backend):
   op = "matmul"
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.matmul",
+  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.epilogue",
+                    "jaxgemm.kernels.triton.matmul",
                     "jaxgemm.triton_call")
   config_cls = TritonConfig
   variants = tuple(_RUNGS)
