@@ -110,8 +110,8 @@ def _backward_of(op: registry.Op, avals, params: dict) -> list[Problem]:
   """The problems the op's own transpose rules run for one call's gradient."""
   args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]
   fwd = lambda *args: op.primitive.bind(*args, **params)
-  out = jax.eval_shape(fwd, *args)
-  ct = jax.ShapeDtypeStruct(out.shape, out.dtype)
+  out = jax.eval_shape(fwd, *args)   # one result, or a list (an op that saves its Z)
+  ct = jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype), out)
   jaxpr = jax.make_jaxpr(lambda ct, *args: jax.vjp(fwd, *args)[1](ct))(ct, *args).jaxpr
   return [p for _, p, _, _ in _problems(jaxpr)]
 
@@ -243,9 +243,12 @@ def _xla_reference(problem: Problem, bufs, timer: Timer, iters: int, platform: s
 
 @jax.jit
 def relative_error(x, y):
-  """||x - y||_F / ||y||_F in float32: how far a result is from the reference `y`."""
-  x, y = x.astype(jnp.float32), y.astype(jnp.float32)
-  return jnp.linalg.norm((x - y).ravel()) / jnp.linalg.norm(y.ravel())
+  """||x - y||_F / ||y||_F in float32: how far a result is from the reference `y`
+  (for several results, e.g. Y and its saved Z, the largest of theirs)."""
+  def one(x, y):
+    x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+    return jnp.linalg.norm((x - y).ravel()) / jnp.linalg.norm(y.ravel())
+  return jnp.max(jnp.stack(jax.tree.leaves(jax.tree.map(one, x, y))))
 
 
 def _candidates(problem: Problem, backends: Iterable[str]):

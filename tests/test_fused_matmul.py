@@ -298,3 +298,20 @@ def test_gradient_applies_the_derivative_inside_the_backward_gemms():
   assert sorted(str(p["gate"]) for p in fused) == ["None", "lhs", "rhs"]
   assert [p["save_preactivation"] for p in fused if p["gate"] is None] == [True]
   assert not any(e.primitive is jaxgemm.matmul_p for e in jaxpr.jaxpr.eqns)
+
+
+def test_autotune_finds_and_times_the_fused_forward_and_its_backward(tmp_path):
+  """The tuner takes fused_matmul's forms (several results, a problem-dependent
+  operand count): the forward, the forward that saves Z, and the two gated backward
+  GEMMs; records are stored under the op's name."""
+  pytest.importorskip("triton")
+  x, w, b = jnp.ones((64, 32), jnp.float16), jnp.ones((32, 64), jnp.float16), jnp.ones(64, jnp.float16)
+  fn = lambda x, w, b: jaxgemm.matmul(x, w, bias=b, activation="gelu")
+  found = [p.epilogue for p in jaxgemm.problems_in(fn, x, w, b)]
+  assert found == ["+bias gelu", "+bias gelu (saves Z)", "gate rhs gelu'", "gate lhs gelu'"]
+  cache = tmp_path / "tuned.json"
+  report = jaxgemm.autotune(fn, x, w, b, backends=["triton"], iters=2, cache_path=cache,
+                            time_budget_s=120, log=None)
+  assert len(report.tuned) == 4, report.summary()
+  assert not [t for t in report.trials if t.status == "error"], report.summary()
+  assert '"fused_matmul|cpu|triton/' in cache.read_text()
