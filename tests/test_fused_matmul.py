@@ -315,3 +315,20 @@ def test_autotune_finds_and_times_the_fused_forward_and_its_backward(tmp_path):
   assert len(report.tuned) == 4, report.summary()
   assert not [t for t in report.trials if t.status == "error"], report.summary()
   assert '"fused_matmul|cpu|triton/' in cache.read_text()
+
+
+@pytest.mark.parametrize("m, activation, save, kind, want", [
+    (8192, "gelu", False, "NVIDIA H100 80GB HBM3", "pallas"),
+    (128, "silu", False, "NVIDIA H200", "triton"),
+    (8192, None, False, "NVIDIA H100 80GB HBM3", None),      # a bias alone: XLA's
+    (8192, "gelu", True, "NVIDIA H100 80GB HBM3", None),     # saves Z (fwd+bwd): XLA's
+    (8192, "gelu", False, "NVIDIA A100-SXM4-80GB", None),    # not measured off Hopper
+])
+def test_auto_takes_a_fused_kernel_where_measured_faster(m, activation, save, kind, want):
+  from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
+  bf16 = np.dtype(jnp.bfloat16)
+  problem = FusedMatmulProblem(1, m, 14336, 4096, bf16, bf16, np.dtype(np.float32),
+                               activation=activation, bias="shared", save_preactivation=save)
+  wins = [name for name in ("triton", "pallas")
+          if jaxgemm.registry.get_backend(name, "fused_matmul").structural_win(problem, kind)]
+  assert wins == ([want] if want else []), wins

@@ -42,6 +42,8 @@ from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
+from jaxgemm.ops.fused_matmul.problem import (EPILOGUE_WIN_PALLAS_MIN_M,
+                                              activation_epilogue_wins)
 from jaxgemm.ops.matmul import pallas as matmul_pallas
 from jaxgemm.ops.matmul.pallas import PallasConfig, PallasMatmul
 
@@ -138,6 +140,13 @@ class PallasFusedMatmul(registry.Backend):
 
   def unavailable_reason(self) -> str | None:
     return _MATMUL.unavailable_reason()
+
+  def structural_win(self, problem: FusedMatmulProblem, device_kind: str) -> str | None:
+    """A 16-bit activation epilogue from EPILOGUE_WIN_PALLAS_MIN_M rows, on Hopper
+    (`fused_matmul.problem.activation_epilogue_wins` has the measurement)."""
+    if activation_epilogue_wins(problem, device_kind) and problem.m >= EPILOGUE_WIN_PALLAS_MIN_M:
+      return f"{problem.activation} epilogue fused at {problem.m} rows"
+    return None
 
   def check(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig) -> None:
     if variant not in VARIANTS:

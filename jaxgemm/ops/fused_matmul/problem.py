@@ -108,3 +108,29 @@ class FusedMatmulProblem(GemmProblem):
     """The bare GEMM of the same shapes (what the matmul heuristics size tiles for)."""
     return GemmProblem(self.batch, self.m, self.n, self.k, self.dtype, self.out_dtype,
                        self.acc_dtype, self.trans_a, self.trans_b, self.precision)
+
+
+# Where the fused kernels beat XLA's program of the same expression with no tuning
+# record (`Backend.structural_win`), from bench/results/h100-epilogue-2026-11-25 (H100,
+# bf16, CUPTI, XLA in the same run): an activation epilogue (gelu, silu) ran 1.03-1.05x
+# on Pallas at M = 4096 and 8192 and 0.95-0.96x at M = 128, 1.01-1.05x on Triton at
+# M = 128; SwiGLU (glu) 1.05x on Pallas at M = 8192. A bias or residual alone lost on both
+# (0.94-0.99x: XLA folds a bias into cuBLAS's epilogue), and the forward that saves Z
+# (fwd+bwd) ran 1.03x on Pallas against 1.04x for the same program on XLA's dot. The H200
+# is the same architecture with more bandwidth, where a fused epilogue saves more; it is
+# not measured yet.
+EPILOGUE_WIN_DEVICE_KINDS = ("H100", "H200")
+EPILOGUE_WIN_MIN_FLOPS = 2**33
+# Rows from which Pallas's fused kernels led, and below which Triton's did.
+EPILOGUE_WIN_PALLAS_MIN_M = 1024
+
+
+def activation_epilogue_wins(problem, device_kind: str) -> bool:
+  """Whether `problem` (a fused_matmul or glu problem) is of the class measured above:
+  a 16-bit forward with an activation, no gate, not saving Z, on Hopper."""
+  if not any(kind in device_kind for kind in EPILOGUE_WIN_DEVICE_KINDS):
+    return False
+  if getattr(problem, "gate", None) or problem.save_preactivation or not problem.activation:
+    return False
+  return (np.dtype(problem.dtype).itemsize == 2 and problem.dtype == problem.out_dtype
+          and problem.flops >= EPILOGUE_WIN_MIN_FLOPS)

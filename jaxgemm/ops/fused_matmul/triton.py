@@ -34,6 +34,8 @@ from jaxgemm import registry
 from jaxgemm.config import KernelConfig, within_shared_memory
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
+from jaxgemm.ops.fused_matmul.problem import (EPILOGUE_WIN_PALLAS_MIN_M,
+                                              activation_epilogue_wins)
 from jaxgemm.ops.matmul.triton import SMEM_BYTES, TritonConfig, TritonMatmul
 
 _VARIANTS = ("tensorcore", "persistent")
@@ -69,6 +71,13 @@ class TritonFusedMatmul(registry.Backend):
 
   def unavailable_reason(self) -> str | None:
     return self._matmul.unavailable_reason()
+
+  def structural_win(self, problem: FusedMatmulProblem, device_kind: str) -> str | None:
+    """A 16-bit activation epilogue below EPILOGUE_WIN_PALLAS_MIN_M rows, on Hopper
+    (`fused_matmul.problem.activation_epilogue_wins` has the measurement)."""
+    if activation_epilogue_wins(problem, device_kind) and problem.m < EPILOGUE_WIN_PALLAS_MIN_M:
+      return f"{problem.activation} epilogue fused at {problem.m} rows"
+    return None
 
   def default_variant(self, problem: FusedMatmulProblem) -> str:
     """The matmul's choice on the bare GEMM, where it is one of ours; else `tensorcore`

@@ -22,6 +22,8 @@ from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops import activations
 from jaxgemm.ops.glu.problem import GluProblem
+from jaxgemm.ops.fused_matmul.problem import (EPILOGUE_WIN_PALLAS_MIN_M,
+                                              activation_epilogue_wins)
 from jaxgemm.ops.matmul import pallas as matmul_pallas
 from jaxgemm.ops.matmul.pallas import PallasConfig, PallasMatmul
 
@@ -87,6 +89,13 @@ class PallasGlu(registry.Backend):
 
   def unavailable_reason(self) -> str | None:
     return _MATMUL.unavailable_reason()
+
+  def structural_win(self, problem: GluProblem, device_kind: str) -> str | None:
+    """SwiGLU-like 16-bit dual GEMMs from EPILOGUE_WIN_PALLAS_MIN_M rows, on Hopper
+    (`fused_matmul.problem.activation_epilogue_wins` has the measurement)."""
+    if activation_epilogue_wins(problem, device_kind) and problem.m >= EPILOGUE_WIN_PALLAS_MIN_M:
+      return f"glu {problem.activation}: both GEMMs and the gate in one kernel"
+    return None
 
   def check(self, problem: GluProblem, variant: str, config: KernelConfig) -> None:
     if variant not in VARIANTS:
