@@ -314,7 +314,7 @@ def test_autotune_finds_and_times_the_fused_forward_and_its_backward(tmp_path):
                             time_budget_s=120, log=None)
   assert len(report.tuned) == 4, report.summary()
   assert not [t for t in report.trials if t.status == "error"], report.summary()
-  assert '"fused_matmul|cpu|triton/' in cache.read_text()
+  assert '"fused_matmul|' in cache.read_text() and '|triton/' in cache.read_text()
 
 
 @pytest.mark.parametrize("m, activation, save, kind, want", [

@@ -312,13 +312,13 @@ def persistent_kernel(a_gmem, b_gmem, *refs, dims: common.Dims, tm: int,
           return common.transposed(a_slot.at[:, wg_rows])
         return a_slot.at[wg_rows, :]
 
-      row0 = m_start + row_part * consumer_rows
       pieces = [(em, en) for em in range(consumer_rows // EPI_TILE_M)
                 for en in range(tn // epi_tn)]
 
       def fetch_tile(p):
         """Starts the TMA load of piece `p`'s tile (residual or Z) into slot p % 2."""
         em, en = pieces[p]
+        row0 = m_start + row_part * consumer_rows
         plgpu.copy_gmem_to_smem(
             tile_gmem.at[bi, pl.ds(row0 + em * EPI_TILE_M, EPI_TILE_M),
                          pl.ds(n_start + en * epi_tn, epi_tn)],
@@ -343,6 +343,10 @@ def persistent_kernel(a_gmem, b_gmem, *refs, dims: common.Dims, tm: int,
         """The epilogue: this consumer's rows of the tile, in (64, epi_tn)
         pieces, into C (and the epilogue's other outputs); `partial(rows,
         cols)` adds another worker's sums."""
+        # Computed here, where the plain kernel always had it: the shipped table's
+        # records were restamped on the plain kernels' IR being unchanged by the
+        # epilogue (research/probes/restamp-2026-11-25).
+        row0 = m_start + row_part * consumer_rows
         accs = acc if isinstance(acc, tuple) else (acc,)
         piece = 0
         for p, (em, en) in enumerate(pieces):
