@@ -204,6 +204,11 @@ class Measured:
     """The key of (backend, variant) in `ctx.slow` / `ctx.call_s` (interpreted speed)."""
     return slow_key(self.op, backend, variant)
 
+  def check_fn(self, bp, dtype_name: str) -> Callable | None:
+    """The function whose results the kernels are checked against, where that is not
+    XLA's timed program itself (None: XLA's outputs are the reference)."""
+    return None
+
   def before_kernels(self, ctx: "Context", bp, dtype_name: str, bufs, refs, ref_compiled,
                      n_rot: int, solo_ref_ms=None) -> tuple[list[dict], Callable | None]:
     """Rows measured after the reference and before the kernels (the moe suite's jax
@@ -498,6 +503,9 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     ctx.log(f"  {bp.name}: XLA reference failed: {short_error(e)}")
     return rows
   emit(ref_row)
+  check = ops.check_fn(bp, dtype_name)
+  if check is not None:
+    refs = _compile_and_run(check, bufs, n_rot, ops.arity_of(bp))[1]
   extra, finish = ops.before_kernels(ctx, bp, dtype_name, bufs, refs, ref_compiled, n_rot,
                                      solo)
   for row in extra:

@@ -165,7 +165,10 @@ def test_a_wrong_gradient_alone_fails_and_unregistered_backends_are_unsupported(
   ref = by[(runner.REF, "jnp+vjp")]
   assert ref["status"] == "ok" and ref["expr"] == "bias.gelu" and ref["mode"] == "fwd+bwd"
   assert by[("nope", "-")]["status"] == "unsupported"
-  assert by[("fake", "right")]["status"] == "ok" and by[("fake", "right")]["error"] == 0
+  # Checked against the expression in fp32 (`check_fn`), not XLA's bf16 program: XLA's
+  # own result is off it by bf16 rounding only.
+  right = by[("fake", "right")]
+  assert right["status"] == "ok" and 0 < right["error"] <= runner.TOLERANCE["bf16"]
   bad = by[("fake", "wrong_dw")]
   assert bad["status"] == "fail" and bad["error"] == pytest.approx(0.2, rel=0.05)
 
