@@ -308,15 +308,14 @@ def test_autotune_finds_and_times_the_fused_forward_and_its_backward(tmp_path):
   pytest.importorskip("triton")
   x, w, b = jnp.ones((64, 32), jnp.float16), jnp.ones((32, 64), jnp.float16), jnp.ones(64, jnp.float16)
   fn = lambda x, w, b: jaxgemm.matmul(x, w, bias=b, activation="gelu")
-  found = [(p.op, getattr(p, "epilogue", p.layout)) for p in jaxgemm.problems_in(fn, x, w, b)]
-  assert found == [("fused_matmul", "+bias gelu"), ("fused_matmul", "+bias gelu (saves Z)"),
-                   ("matmul", "TN"), ("matmul", "NT")]   # the backward: matmul_p
+  found = [p.epilogue for p in jaxgemm.problems_in(fn, x, w, b)]
+  assert found == ["+bias gelu", "+bias gelu (saves Z)", "", ""]   # the backward: matmul_p
   cache = tmp_path / "tuned.json"
   report = jaxgemm.autotune(fn, x, w, b, backends=["triton"], iters=2, cache_path=cache,
                             time_budget_s=120, log=None)
   assert len(report.tuned) == 4, report.summary()
   assert not [t for t in report.trials if t.status == "error"], report.summary()
-  assert '"fused_matmul|' in cache.read_text() and '"matmul|' in cache.read_text()
+  assert '"fused_matmul|' in cache.read_text() and '|triton/' in cache.read_text()
 
 
 @pytest.mark.parametrize("m, activation, save, kind, want", [
