@@ -288,28 +288,27 @@ def test_auto_computes_what_jnp_computes_for_integers():
     jaxgemm.matmul(a, b, activation="relu", backend="triton")
 
 
-def test_gradient_saves_z_once_and_gates_the_cotangent_once():
-  """The forward kernel saves Z; the backward computes g(Z) * dY once (one XLA fusion)
-  and runs both backward GEMMs as matmul_p on it (matmul's own kernel choice)."""
+def test_gradient_applies_the_derivative_inside_the_backward_gemms():
+  """The backward GEMMs are gated (dX = (g*dY) @ W^T, dW = X^T @ (g*dY)), and the
+  forward saves Z once: no plain matmul of the cotangent in the gradient."""
   x, w, bias = jnp.ones((16, 32)), jnp.ones((32, 24)), jnp.ones(24)
   loss = lambda x, w, b: jaxgemm.matmul(x, w, bias=b, activation="gelu", backend="triton").sum()
   jaxpr = jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(x, w, bias)
   fused = [e.params for e in jaxpr.jaxpr.eqns if e.primitive is fused_primitive.fused_matmul_p]
-  assert [(p["gate"], p["save_preactivation"]) for p in fused] == [(None, True)]
-  gemms = [e for e in jaxpr.jaxpr.eqns if e.primitive is jaxgemm.matmul_p]
-  assert len(gemms) == 2 and sorted(g.outvars[0].aval.shape for g in gemms) == [(16, 32),
-                                                                                 (32, 24)]
+  assert sorted(str(p["gate"]) for p in fused) == ["None", "lhs", "rhs"]
+  assert [p["save_preactivation"] for p in fused if p["gate"] is None] == [True]
+  assert not any(e.primitive is jaxgemm.matmul_p for e in jaxpr.jaxpr.eqns)
 
 
 def test_autotune_finds_and_times_the_fused_forward_and_its_backward(tmp_path):
   """The tuner takes fused_matmul's forms (several results, a problem-dependent
-  operand count): the forward, the forward that saves Z, and the backward's two
-  matmul_p GEMMs; records are stored under the op's name."""
+  operand count): the forward, the forward that saves Z, and the two gated backward
+  GEMMs; records are stored under the op's name."""
   pytest.importorskip("triton")
   x, w, b = jnp.ones((64, 32), jnp.float16), jnp.ones((32, 64), jnp.float16), jnp.ones(64, jnp.float16)
   fn = lambda x, w, b: jaxgemm.matmul(x, w, bias=b, activation="gelu")
   found = [p.epilogue for p in jaxgemm.problems_in(fn, x, w, b)]
-  assert found == ["+bias gelu", "+bias gelu (saves Z)", "", ""]   # the backward: matmul_p
+  assert found == ["+bias gelu", "+bias gelu (saves Z)", "gate rhs gelu'", "gate lhs gelu'"]
   cache = tmp_path / "tuned.json"
   report = jaxgemm.autotune(fn, x, w, b, backends=["triton"], iters=2, cache_path=cache,
                             time_budget_s=120, log=None)

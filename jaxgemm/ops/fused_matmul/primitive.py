@@ -14,14 +14,14 @@ form's derivative is made of:
 
     Y' = g(Z) * (A' @ B) + g(Z) * (A @ B') + g(Z) * bias' + residual'
 
-(JVP: two out-gated GEMMs, Z saved by the forward kernel, the derivative
-applied to the accumulator before the store), and transposing an out-gated
-GEMM gives GEMMs gated on the operand that carries the cotangent,
-dA = (g(Z) * dY) @ B^T (gate "lhs"), dB = A^T @ (g(Z) * dY) (gate "rhs").
-Those run as one XLA fusion computing g(Z) * dY once, then two matmul_p GEMMs
-(`_gated_transpose` says why: the gate in the kernels' loop measured 3-7x
-slower). Second order (hessian) closes over the same forms; the derivative of
-a gate with respect to Z itself is computed with jnp.
+(JVP: two out-gated GEMMs, Z saved by the forward kernel), and transposing
+an out-gated GEMM gives GEMMs gated on the operand that carries the cotangent,
+dA = (g(Z) * dY) @ B^T (gate "lhs"), dB = A^T @ (g(Z) * dY) (gate "rhs"):
+the activation's derivative is applied to the cotangent tile as the backward
+kernel loads it, with no pass over dY of its own. Transposing those gives
+out-gated GEMMs again, so second order (hessian) closes over the same forms;
+the derivative of a gate with respect to Z itself (second order only) is
+computed with jnp.
 
 Rules: abstract eval (lax.dot_general's, for shard_map's varying axes), the
 lowering (chosen per problem by `jaxgemm.dispatch`, as for matmul_p), JVP and
@@ -255,64 +255,44 @@ def _jvp(primals, tangents, **params):
   return (_gated_jvp if params["gate"] else _forward_jvp)(primals, tangents, **params)
 
 
-# An operand gate in a backward GEMM runs as one XLA fusion, `x * g(Z)` rounded to x's
-# dtype, before a plain matmul_p: in the kernels' loop it ran 0.30x (dgrad, gate "lhs")
-# and 0.15x (wgrad, "rhs") XLA's pre-pass + dot on the H100 (4096^3 bf16, Triton
-# persistent; research/probes/epilogue-2026-11-25), and as a matmul_p the GEMM gets
-# matmul's own choice (tuned tables, split-K for 128-row dgrads). The gated cotangent is
-# computed once for both GEMMs. The in-kernel operand gates stay available to a direct
-# bind (and tested); the AD rules no longer emit them.
-
-
 def _gated_transpose(cts, a, b, z, **params):
-  """A gated GEMM's transpose: matmul_p's two backward GEMMs. Where the gated tensor
-  is an operand of one, that operand is gated first (see above); where it is its
-  result, the GEMM is out-gated in the kernel."""
+  """A gated GEMM's transpose: matmul_p's two backward GEMMs, each gated where the
+  gated tensor went (an operand of it: gate that side; its result: gate "out")."""
   (ct,) = cts
   if _is_zero(ct) or ad.is_undefined_primal(z):
     if ad.is_undefined_primal(z):
       raise ValueError("fused_matmul_p is not linear in its gate operand Z")
     return [None if not ad.is_undefined_primal(x) else ad.Zero(x.aval) for x in (a, b)] + [None]
+  gate = params["gate"]
   trans_a, trans_b = params["trans_a"], params["trans_b"]
   nb, nm, nk, nn = params["ndims"]
   act = params["gate_activation"]
   ct = ct.astype(a.aval.dtype if ad.is_undefined_primal(a) else a.dtype)
-  gated_name = {"out": "ct", "lhs": "a", "rhs": "b"}[params["gate"]]
-  tensors = {"ct": ct, "a": a, "b": b}
-  pre = {}
 
-  def operand(name):
-    if name != gated_name:
-      return tensors[name]
-    if name not in pre:
-      x = tensors[name]
-      g = activations.derivative(act, z.astype(np.float32))
-      pre[name] = (x.astype(np.float32) * g).astype(x.dtype)
-    return pre[name]
-
-  def gemm(x_aval, lhs_is, rhs_is, trans_lhs, trans_rhs, ndims, out_is):
+  def gemm(x_aval, lhs, rhs, trans_lhs, trans_rhs, ndims, lhs_is, rhs_is, out_is):
     """One backward GEMM; *_is name the forward tensor in that place ("ct", "a", "b")."""
+    gated = {"out": "ct", "lhs": "a", "rhs": "b"}[gate]
+    where = "lhs" if lhs_is == gated else "rhs" if rhs_is == gated else "out" if out_is == gated \
+        else None
+    out_sharding = None if x_aval.sharding.mesh.empty else x_aval.sharding
     common = dict(trans_a=trans_lhs, trans_b=trans_rhs, ndims=ndims, out_dtype=x_aval.dtype,
                   acc_dtype=params["acc_dtype"], precision=params["precision"],
                   backend=params["backend"], variant=None, config=None)
-    if out_is == gated_name:
-      return bind(tensors[lhs_is], tensors[rhs_is], z, gate="out", gate_activation=act,
-                  **common)[0]
-    out_sharding = None if x_aval.sharding.mesh.empty else x_aval.sharding
-    return matmul_primitive.bind(operand(lhs_is), operand(rhs_is), out_sharding=out_sharding,
-                                 **common)
+    if where is None:
+      return matmul_primitive.bind(lhs, rhs, out_sharding=out_sharding, **common)
+    return bind(lhs, rhs, z, gate=where, gate_activation=act, **common)[0]
 
   da = db = None
   if ad.is_undefined_primal(a):
     if trans_a:   # a stored (K, M): dA = op_b(B) dC^T
-      da = gemm(a.aval, "b", "ct", trans_b, True, (nb, nk, nn, nm), "a")
+      da = gemm(a.aval, b, ct, trans_b, True, (nb, nk, nn, nm), "b", "ct", "a")
     else:
-      da = gemm(a.aval, "ct", "b", False, not trans_b, (nb, nm, nn, nk), "a")
+      da = gemm(a.aval, ct, b, False, not trans_b, (nb, nm, nn, nk), "ct", "b", "a")
   if ad.is_undefined_primal(b):
     if trans_b:   # b stored (N, K): dB = dC^T op_a(A)
-      db = gemm(b.aval, "ct", "a", True, trans_a, (nb, nn, nm, nk), "b")
+      db = gemm(b.aval, ct, a, True, trans_a, (nb, nn, nm, nk), "ct", "a", "b")
     else:
-      db = gemm(b.aval, "a", "ct", not trans_a, False, (nb, nk, nm, nn), "b")
+      db = gemm(b.aval, a, ct, not trans_a, False, (nb, nk, nm, nn), "a", "ct", "b")
   return [da, db, None]
 
 
