@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
+from epilogue_testing import act64, grad64, run_impl
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.pallas import PallasFusedMatmul
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
@@ -45,80 +45,10 @@ def _problem(batch, m, n, k, dtype=BF16, out_dtype=None, *, layout="NN", **kw):
                             layout[0] == "T", layout[1] == "T", None, **kw)
 
 
-def _f64(fn, name, z):
-  with jax.enable_x64(True):
-    return np.asarray(fn(name, jnp.asarray(z, jnp.float64)))
-
-
-def _op(x, trans):
-  return np.swapaxes(x, 1, 2) if trans else x
-
-
-# The in-kernel derivatives' largest absolute error in fp32 against float64, on
-# test_activation_formulas' 400001 points of [-12, 12]: gelu' 3.5e-6 at z = -4.87
-# (0.5 (1 + t) + 0.5 z (1 + t)(1 - t) du with t -> -1: a few ulps of tanh near -1,
-# times |z du| ~ 13), the others <= 7.3e-7. Absolute, not relative to g: where g'
-# cancels towards 0 (gelu' ~ -3e-5 at z = -4.5) it is a large part of g.
-GATE_DERIVATIVE_ABS_ERR = 4e-6
-
-
-def reference(problem, a, b, extras, tol):
-  """([outputs], [element-wise bounds]) in float64: |A| @ |B| for the product (x 1.2,
-  the largest |act'|, through an activation), plus the added terms' magnitudes and
-  the result's own (its rounding at the store). Bounds are compared as tol * bound."""
-  a64, b64 = as_f64(a), as_f64(b)
-  ex = [as_f64(x) for x in extras]
-  if problem.gate in ("lhs", "rhs"):   # gated operand rounded to its dtype, as the contract says
-    g = _f64(activations.derivative, problem.gate_activation, ex[0])
-    if problem.gate == "lhs":
-      a64 = as_f64(jnp.asarray(a64 * g, np.float32).astype(problem.dtype))
-    else:
-      b64 = as_f64(jnp.asarray(b64 * g, np.float32).astype(problem.dtype))
-  acc = _op(a64, problem.trans_a) @ _op(b64, problem.trans_b)
-  mag = np.abs(_op(a64, problem.trans_a)) @ np.abs(_op(b64, problem.trans_b))
-  if problem.gate == "out":
-    # out = round(g32 * acc32): the product's error, |g| * (|A| @ |B|) relative, the
-    # store's rounding, relative to |out| (|g * acc| here, the same to within the
-    # error itself), and the kernel's fp32 g, off by up to GATE_DERIVATIVE_ABS_ERR
-    # absolutely, times |acc| <= |A| @ |B|. That last error does not scale with the
-    # output dtype's tol, so it enters as itself (/ tol). H100 GPU tier, bf16, gelu',
-    # z = -4.5: g32 = -3.139e-5 against -2.932e-5, |acc| = 7.55, |A| @ |B| = 41.1:
-    # the output off by 1.5e-5 where tol * (|g| |A| @ |B| + |out|) is 1.43e-5.
-    g = _f64(activations.derivative, problem.gate_activation, ex[0])
-    return [g * acc], [(np.abs(g) + GATE_DERIVATIVE_ABS_ERR / tol) * mag + np.abs(g * acc)]
-  if problem.gate:
-    return [acc], [mag + np.abs(acc)]
-  z, zmag = acc, mag
-  if problem.bias:
-    bias = ex.pop(0)
-    bias = bias[None, None, :] if problem.bias == "shared" else bias[:, None, :]
-    z, zmag = z + bias, zmag + np.abs(bias)
-  y = _f64(activations.apply, problem.activation, z) if problem.activation else z
-  ymag = 1.2 * zmag
-  if problem.residual:
-    res = ex.pop(0)
-    y, ymag = y + res, ymag + np.abs(res)
-  ymag = ymag + np.abs(y)
-  return ([y, z], [ymag, zmag + np.abs(z)]) if problem.save_preactivation else ([y], [ymag])
-
-
 def run(problem, variant="warp_specialized", config=TINY, *, seed=0, gate_dtype=None,
         platform="cpu"):
-  rng = np.random.default_rng(seed)
-  a = random_array(rng, problem.a_shape, problem.dtype)
-  b = random_array(rng, problem.b_shape, problem.dtype)
-  dtypes = ([gate_dtype or problem.out_dtype] if problem.gate
-            else [problem.out_dtype] * len(problem.extra_shapes))
-  extras = [random_array(rng, s, d) for s, d in zip(problem.extra_shapes, dtypes)]
-  BACKEND.check(problem, variant, config)
-  out = jax.jit(BACKEND.impl(problem, variant, config, platform))(a, b, *extras)
-  outs = out if problem.num_outputs > 1 else (out,)
-  assert len(outs) == problem.num_outputs
-  tol = tolerance(problem.dtype, problem.out_dtype)
-  refs, bounds = reference(problem, a, b, extras, tol)
-  for name, o, r, bound in zip(("y", "z"), outs, refs, bounds):
-    assert o.shape == problem.out_shape and o.dtype == problem.out_dtype
-    assert_gemm_close(o, r, bound, tol, f"{problem.describe()} {variant} {name}")
+  run_impl(BACKEND, problem, variant, config, platform=platform, seed=seed,
+           gate_dtype=gate_dtype)
 
 
 # ------------------------------------------------------------ the formulas
@@ -132,7 +62,7 @@ def test_activation_formulas(name):
   for ours, theirs in ((epilogue.activation, activations.apply),
                        (epilogue.derivative, activations.derivative)):
     got = np.asarray(jax.jit(lambda x: ours(name, x))(jnp.asarray(z)), np.float64)
-    ref = _f64(theirs, name, z)
+    ref = act64(name, z) if theirs is activations.apply else grad64(name, z)
     jax_f32 = np.asarray(theirs(name, jnp.asarray(z)), np.float64)
     err, jax_err = np.abs(got - ref).max(), np.abs(jax_f32 - ref).max()
     # gelu_exact's erf is XLA's fp32 rational form: 1.2e-6 (see epilogue's docstring).

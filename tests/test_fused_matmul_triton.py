@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
+from epilogue_testing import act64, grad64, run_impl
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -49,72 +49,9 @@ def _problem(dtype=F16, *, batch=2, m=20, n=24, k=40, trans_a=False, trans_b=Fal
                             trans_b, None, **kw)
 
 
-def act64(name, z):
-  """activations.apply in float64."""
-  with jax.enable_x64(True):
-    return np.asarray(activations.apply(name, jnp.asarray(z, jnp.float64)))
-
-
-def grad64(name, z):
-  """activations.derivative in float64."""
-  with jax.enable_x64(True):
-    return np.asarray(activations.derivative(name, jnp.asarray(z, jnp.float64)))
-
-
-def _op(x, trans):
-  return np.swapaxes(x, 1, 2) if trans else x
-
-
-def reference(problem, a, b, extras):
-  """([outputs], [element-wise error bounds]) in float64 of `problem` on its operands.
-
-  The bounds scale `tolerance`: |A| @ |B| for the product (times |act'| <= 1.2
-  through an activation), plus the magnitudes of the terms added, plus the
-  result's own (its rounding at the store)."""
-  a64, b64 = as_f64(a), as_f64(b)
-  ex = [as_f64(x) for x in extras]
-  if problem.gate in ("lhs", "rhs"):
-    g = grad64(problem.gate_activation, ex[0])
-    a64, b64 = (a64 * g, b64) if problem.gate == "lhs" else (a64, b64 * g)
-  acc = _op(a64, problem.trans_a) @ _op(b64, problem.trans_b)
-  mag = np.abs(_op(a64, problem.trans_a)) @ np.abs(_op(b64, problem.trans_b))
-  if problem.gate == "out":
-    g = grad64(problem.gate_activation, ex[0])
-    y = g * acc
-    return [y], [np.abs(g) * mag + np.abs(y)]
-  if problem.gate:
-    return [acc], [mag]
-  z, zmag = acc, mag
-  if problem.bias:
-    bias = ex.pop(0)
-    bias = bias[None, None, :] if problem.bias == "shared" else bias[:, None, :]
-    z, zmag = z + bias, zmag + np.abs(bias)
-  y = act64(problem.activation, z) if problem.activation else z
-  ymag = 1.2 * zmag
-  if problem.residual:
-    res = ex.pop(0)
-    y, ymag = y + res, ymag + np.abs(res)
-  ymag = ymag + np.abs(y)
-  return ([y, z], [ymag, zmag + np.abs(z)]) if problem.save_preactivation else ([y], [ymag])
-
-
 def run(problem, variant="tensorcore", config=TINY, *, seed=0, gate_dtype=None):
-  rng = np.random.default_rng(seed)
-  a = random_array(rng, problem.a_shape, problem.dtype)
-  b = random_array(rng, problem.b_shape, problem.dtype)
-  dtypes = ([gate_dtype or problem.dtype] if problem.gate
-            else [problem.out_dtype] * len(problem.extra_shapes))
-  extras = [random_array(rng, s, d) for s, d in zip(problem.extra_shapes, dtypes)]
-  BACKEND.check(problem, variant, config)
-  out = jax.jit(BACKEND.impl(problem, variant, config, "cpu"))(a, b, *extras)
-  outs = out if problem.num_outputs > 1 else (out,)
-  assert len(outs) == problem.num_outputs
-  refs, bounds = reference(problem, a, b, extras)
-  tol = tolerance(problem.dtype, problem.out_dtype)
-  for name, o, r, bound in zip(("y", "z"), outs, refs, bounds):
-    assert o.shape == problem.out_shape and o.dtype == problem.out_dtype
-    assert_gemm_close(o, r, bound, tol, f"{problem.describe()} {variant} {name}")
-  return outs
+  return run_impl(BACKEND, problem, variant, config, seed=seed,
+                  gate_dtype=gate_dtype or (problem.dtype if problem.gate else None))
 
 
 # ------------------------------------------------------------ the activations

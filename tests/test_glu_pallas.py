@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
+from epilogue_testing import run_impl
 from jaxgemm.ops import activations
 from jaxgemm.ops.glu.pallas import PallasGlu
 from jaxgemm.ops.glu.problem import GluProblem
@@ -37,46 +37,8 @@ def _problem(batch, m, n, k, dtype=BF16, out_dtype=None, *, layout="NN", **kw):
                     layout[0] == "T", layout[1] == "T", None, **kw)
 
 
-def _act64(name, z):
-  with jax.enable_x64(True):
-    return np.asarray(activations.apply(name, jnp.asarray(z, jnp.float64)))
-
-
-def reference(problem, x, wg, wu, biases):
-  """([h, zg, zu], [bounds]) in float64; bounds as test_fused_matmul_pallas's."""
-  op = lambda t, trans: np.swapaxes(as_f64(t), 1, 2) if trans else as_f64(t)
-  x64 = op(x, problem.trans_a)
-  zs, mags = [], []
-  for i, w in enumerate((wg, wu)):
-    w64 = op(w, problem.trans_b)
-    z, mag = x64 @ w64, np.abs(x64) @ np.abs(w64)
-    if biases:
-      b = as_f64(biases[i])
-      b = b[None, None, :] if problem.bias == "shared" else b[:, None, :]
-      z, mag = z + b, mag + np.abs(b)
-    zs.append(z)
-    mags.append(mag)
-  a = _act64(problem.activation, zs[0])
-  h = a * zs[1]
-  hmag = 1.2 * mags[0] * np.abs(zs[1]) + np.abs(a) * mags[1] + np.abs(h)
-  return [h, *zs], [hmag, mags[0] + np.abs(zs[0]), mags[1] + np.abs(zs[1])]
-
-
 def run(problem, variant="dual", config=TINY, *, seed=0, platform="cpu"):
-  rng = np.random.default_rng(seed)
-  x = random_array(rng, problem.a_shape, problem.dtype)
-  wg = random_array(rng, problem.b_shape, problem.dtype)
-  wu = random_array(rng, problem.b_shape, problem.dtype)
-  biases = [random_array(rng, s, problem.out_dtype) for s in problem.extra_shapes]
-  BACKEND.check(problem, variant, config)
-  out = jax.jit(BACKEND.impl(problem, variant, config, platform))(x, wg, wu, *biases)
-  outs = out if problem.num_outputs > 1 else (out,)
-  assert len(outs) == problem.num_outputs
-  refs, bounds = reference(problem, x, wg, wu, biases)
-  tol = tolerance(problem.dtype, problem.out_dtype)
-  for name, o, r, bound in zip(("h", "zg", "zu"), outs, refs, bounds):
-    assert o.shape == problem.out_shape and o.dtype == problem.out_dtype
-    assert_gemm_close(o, r, bound, tol, f"{problem.describe()} {variant} {name}")
+  run_impl(BACKEND, problem, variant, config, platform=platform, seed=seed)
 
 
 # Every activation once; the switches spread over them.

@@ -10,13 +10,12 @@ op-level contract is tests/test_glu.py's.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
 
-from gemm_testing import as_f64, assert_gemm_close, random_array, tolerance
+from epilogue_testing import run_impl
 
 pytest.importorskip("triton")
 from jaxgemm.kernels.triton.glu import dual  # noqa: E402
@@ -36,45 +35,8 @@ def _problem(dtype=F16, *, batch=2, m=20, n=24, k=40, trans_a=False, trans_b=Fal
                     None, **kw)
 
 
-def _op(x, trans):
-  return np.swapaxes(x, 1, 2) if trans else x
-
-
-def reference(problem, x, wg, wu, biases):
-  """([H, Zg, Zu], [their element-wise error bounds]) in float64."""
-  x64 = _op(as_f64(x), problem.trans_a)
-  wg64, wu64 = (_op(as_f64(w), problem.trans_b) for w in (wg, wu))
-  zg, zu = x64 @ wg64, x64 @ wu64
-  mg, mu = np.abs(x64) @ np.abs(wg64), np.abs(x64) @ np.abs(wu64)
-  if problem.bias:
-    bg, bu = (as_f64(b)[None, None, :] if problem.bias == "shared" else as_f64(b)[:, None, :]
-              for b in biases)
-    zg, zu, mg, mu = zg + bg, zu + bu, mg + np.abs(bg), mu + np.abs(bu)
-  with jax.enable_x64(True):
-    act = np.asarray(activations.apply(problem.activation, jnp.asarray(zg)))
-    dact = np.asarray(activations.derivative(problem.activation, jnp.asarray(zg)))
-  h = act * zu
-  # error of act(Zg) (|act'| |dZg|) times Zu, plus act(Zg) times Zu's, plus H's rounding
-  bound = np.maximum(np.abs(dact), 1) * mg * np.abs(zu) + np.abs(act) * mu + np.abs(h)
-  return [h, zg, zu], [bound, mg + np.abs(zg), mu + np.abs(zu)]
-
-
 def run(problem, config=TINY, *, seed=0):
-  rng = np.random.default_rng(seed)
-  x = random_array(rng, problem.a_shape, problem.dtype)
-  wg = random_array(rng, problem.b_shape, problem.dtype)
-  wu = random_array(rng, problem.b_shape, problem.dtype)
-  biases = [random_array(rng, s, problem.out_dtype) for s in problem.extra_shapes]
-  BACKEND.check(problem, "dual", config)
-  out = jax.jit(BACKEND.impl(problem, "dual", config, "cpu"))(x, wg, wu, *biases)
-  outs = out if problem.num_outputs > 1 else (out,)
-  assert len(outs) == problem.num_outputs
-  refs, bounds = reference(problem, x, wg, wu, biases)
-  tol = tolerance(problem.dtype, problem.out_dtype)
-  for name, o, r, bound in zip(("h", "zg", "zu"), outs, refs, bounds):
-    assert o.shape == problem.out_shape and o.dtype == problem.out_dtype
-    assert_gemm_close(o, r, bound, tol, f"{problem.describe()} {name}")
-  return outs
+  return run_impl(BACKEND, problem, "dual", config, seed=seed)
 
 
 @pytest.mark.parametrize("i,act", list(enumerate(activations.ACTIVATIONS)))
