@@ -21,6 +21,7 @@ from jaxgemm.ops.glu import GluProblem, glu, glu_p
 from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,
                                     RaggedDotTritonConfig, XlaRaggedDotConfig, ragged_dot,
                                     ragged_dot_general, ragged_dot_p)
+from jaxgemm.ops.scaled_matmul import ScaledMatmulProblem, quantize, scaled_matmul
 from jaxgemm.registry import backends, variants
 from jaxgemm.tuning import autotune, problems_in
 
@@ -34,6 +35,7 @@ __all__ = [
     "RaggedDotPallasConfig",
     "RaggedDotProblem",
     "RaggedDotTritonConfig",
+    "ScaledMatmulProblem",
     "TritonConfig",
     "XlaConfig",
     "XlaRaggedDotConfig",
@@ -46,8 +48,10 @@ __all__ = [
     "matmul",
     "matmul_p",
     "problems_in",
+    "quantize",
     "ragged_dot",
     "ragged_dot_general",
     "ragged_dot_p",
+    "scaled_matmul",
     "variants",
 ]

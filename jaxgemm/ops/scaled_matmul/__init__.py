@@ -1,0 +1,31 @@
+"""FP8 GEMMs with scales: `scaled_matmul(a, b, a_scale, b_scale)` over `scaled_matmul_p`, and `quantize`.
+
+    api.py        scaled_matmul (the public function: checks, scale kinds, layout)
+    quantize.py   quantize(x, dtype, block) -> (q, scale) in the shapes scaled_matmul takes
+    problem.py    ScaledMatmulProblem: one scaled_matmul_p call (fp8 dtypes, scale kind)
+    primitive.py  scaled_matmul_p and its rules: abstract eval, lowering through
+                  jaxgemm.dispatch, batching, sharding (block scales sliced per device)
+    xla.py        backend "xla": XLA's program of the scaled form (what "auto" runs
+                  and the benchmark compares against)
+
+Scale kinds: per tensor (shapes () and ()), per row of a and column of b
+((M, 1), (1, N)), and blocks (1x128 of a, (M, ceil(K/128)); 128x128 of b,
+(ceil(K/128), ceil(N/128))), the products summed in fp32 per 128-wide K block.
+
+Differentiation: none. `scaled_matmul_p` multiplies values already quantized;
+its JVP rule raises NotImplementedError under `jax.grad`/`jax.jvp` (zero
+tangents pass), naming the FP8 training path (`jaxgemm.matmul(..., fp8=recipe)`,
+quantizing bf16 inputs on the fly with FP8 dgrad and wgrad GEMMs: the
+transposed layouts are `scaled_matmul`'s `trans_a`/`trans_b`) as future work.
+
+Kernels (Triton, Pallas Mosaic GPU) are not registered yet: only "xla".
+"""
+
+from jaxgemm.ops.scaled_matmul import primitive  # noqa: F401 (registers the op first)
+from jaxgemm.ops.scaled_matmul import xla  # noqa: F401 (backends, in this order)
+from jaxgemm.ops.scaled_matmul.api import scaled_matmul
+from jaxgemm.ops.scaled_matmul.primitive import scaled_matmul_p
+from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem
+from jaxgemm.ops.scaled_matmul.quantize import quantize
+
+__all__ = ["ScaledMatmulProblem", "quantize", "scaled_matmul", "scaled_matmul_p"]

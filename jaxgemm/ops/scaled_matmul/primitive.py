@@ -1,0 +1,301 @@
+"""`scaled_matmul_p`: an FP8 GEMM with per-tensor, per-row/column or block scales.
+
+Operands: a, b (fp8), a_scale, b_scale (float32). Canonical form: `matmul_p`'s
+(batch and M groups of dimensions, `ndims = (nb, nm, 1, 1)`; K and N one
+dimension each; `trans_a`: a stored (*batch, K, *M), `trans_b`: b stored
+(*batch, N, K)). The scales are in the logical orientation of op(A) and op(B)
+(`ScaledMatmulProblem` lists the shapes; here with the batch and M groups in
+full): "tensor" (), (); "row_col" (*batch, *M, 1), (*batch, 1, N); "block"
+(*batch, *M, ceil(K/128)), (*batch, ceil(K/128), ceil(N/128)).
+
+Rules: abstract eval (lax.dot_general's, for the result's sharding and
+shard_map's varying axes), the lowering (per problem, through
+`jaxgemm.dispatch`, as matmul_p's), batching, sharding through
+`jaxgemm.sharding`. No differentiation: the JVP rule raises (see
+`jaxgemm.ops.scaled_matmul`).
+
+Sharding (`sharding_rule`, `_local_call`): batch, M and N shard with no
+communication, the row/column scales along with their operands; a sharded K
+leaves partial sums that the mechanism adds (scaling is linear, so tensor and
+row/column scales apply to each partial sum). Block scales are whole on every
+device (their block factors are `replicated`: a block factor cannot take the
+mesh axis that shards K or N, which a mesh axis may shard once only); each
+device slices the blocks of its own K and N range (`_local_call`). That needs
+each device's range to start on a block boundary or to lie in one block: a
+local K (N) that is a multiple of 128 or divides 128; other splits raise.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from jaxgemm import dispatch, registry, sharding
+from jaxgemm.ops.base import Op
+from jaxgemm.ops.matmul import primitive as matmul_primitive
+from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_DTYPE,
+                                               SCALE_KINDS, ScaledMatmulProblem, blocks)
+
+scaled_matmul_p = Primitive("jaxgemm_scaled_matmul")
+
+# The message for a derivative: the FP8 training path is a later step of issue 28.
+NOT_DIFFERENTIABLE = (
+    "jaxgemm.scaled_matmul (scaled_matmul_p) has no derivative: it multiplies fp8 values "
+    "already quantized, and a gradient through them (and their scales) is not defined here. "
+    "Differentiate through the bf16 inputs instead: the FP8 training path "
+    "(`jaxgemm.matmul(..., fp8=<recipe>)`, quantizing on the fly with FP8 dgrad/wgrad GEMMs) "
+    "is future work (issue 28); until then wrap the call in jax.lax.stop_gradient or a "
+    "jax.custom_vjp of your own.")
+
+
+def scale_shapes(a_shape, b_shape, *, trans_a, trans_b, ndims, scale_kind, **_):
+  """The full shapes a_scale and b_scale must have for these operands."""
+  (batch, m, k), (_, _, n) = matmul_primitive._groups(a_shape, b_shape, trans_a=trans_a,
+                                                      trans_b=trans_b, ndims=ndims)
+  k, n = math.prod(k), math.prod(n)
+  if scale_kind == "tensor":
+    return (), ()
+  if scale_kind == "row_col":
+    return (*batch, *m, 1), (*batch, 1, n)
+  return (*batch, *m, blocks(k)), (*batch, blocks(k), blocks(n))
+
+
+def problem_of(a, b, a_scale, b_scale, *, trans_a, trans_b, ndims, out_dtype, scale_kind,
+               precision=None, **_) -> ScaledMatmulProblem:
+  """The ScaledMatmulProblem that `scaled_matmul_p.bind(a, b, a_scale, b_scale, **params)` is."""
+  ndims = tuple(ndims)
+  nb, nm, nk, nn = ndims
+  if nk != 1 or nn != 1:
+    raise TypeError(f"scaled_matmul_p takes one K and one N dimension; got ndims={ndims}")
+  if scale_kind not in SCALE_KINDS:
+    raise TypeError(f"scaled_matmul_p's scale_kind={scale_kind!r} is not one of {SCALE_KINDS}")
+  for name, aval, rank in (("a", a, nb + nm + 1), ("b", b, nb + 2)):
+    if len(aval.shape) != rank:
+      raise TypeError(f"scaled_matmul_p takes {rank}-D {name} (ndims={ndims}); "
+                      f"{name}.shape={aval.shape}")
+    if np.dtype(aval.dtype) not in FP8_DTYPES:
+      raise TypeError(f"scaled_matmul_p's {name} must be fp8 {[d.name for d in FP8_DTYPES]}; "
+                      f"got {np.dtype(aval.dtype).name}")
+  (batch, m, k_a), (b_batch, k_b, n) = matmul_primitive._groups(
+      a.shape, b.shape, trans_a=trans_a, trans_b=trans_b, ndims=ndims)
+  if batch != b_batch or k_a != k_b:
+    raise TypeError(f"scaled_matmul_p operands do not fit: a.shape={a.shape} "
+                    f"(trans_a={trans_a}), b.shape={b.shape} (trans_b={trans_b}), ndims={ndims}")
+  want = scale_shapes(a.shape, b.shape, trans_a=trans_a, trans_b=trans_b, ndims=ndims,
+                      scale_kind=scale_kind)
+  for name, aval, shape in (("a_scale", a_scale, want[0]), ("b_scale", b_scale, want[1])):
+    if tuple(aval.shape) != shape or np.dtype(aval.dtype) != SCALE_DTYPE:
+      raise TypeError(f"scaled_matmul_p with scale_kind={scale_kind!r} takes a float32 "
+                      f"{name} of shape {shape}; got {np.dtype(aval.dtype).name}{aval.shape}")
+  if np.dtype(out_dtype) not in OUT_DTYPES:
+    raise TypeError(f"scaled_matmul_p's out_dtype must be one of "
+                    f"{[d.name for d in OUT_DTYPES]}; got {np.dtype(out_dtype).name}")
+  return ScaledMatmulProblem(
+      math.prod(batch), math.prod(m), math.prod(n), math.prod(k_a), np.dtype(a.dtype),
+      np.dtype(out_dtype), np.dtype(np.float32), trans_a, trans_b, precision,
+      b_dtype=np.dtype(b.dtype), scale_kind=scale_kind)
+
+
+def bind(a, b, a_scale, b_scale, *, trans_a=False, trans_b=False,
+         ndims=matmul_primitive.DEFAULT_NDIMS, out_dtype, scale_kind, precision=None,
+         backend="auto", variant=None, config=None):
+  """scaled_matmul_p.bind with every param (shard_map: invariant operands cast to varying)."""
+  a, b, a_scale, b_scale = sharding.insert_pvary(a, b, a_scale, b_scale)
+  return scaled_matmul_p.bind(
+      a, b, a_scale, b_scale, trans_a=bool(trans_a), trans_b=bool(trans_b),
+      ndims=tuple(ndims), out_dtype=np.dtype(out_dtype), scale_kind=scale_kind,
+      precision=precision, backend=backend, variant=variant, config=config)
+
+
+def _abstract_eval(a, b, a_scale, b_scale, **params):
+  problem = problem_of(a, b, a_scale, b_scale, **params)
+  out, _ = lax.dot_general_p.abstract_eval(
+      a, b.update(dtype=a.dtype), dimension_numbers=matmul_primitive.dimension_numbers(**params),
+      precision=None, preferred_element_type=np.dtype(np.float32), out_sharding=None)
+  return out.update(dtype=problem.out_dtype, weak_type=False)
+
+
+def _lower_choice(ctx, operands, problem, choice: dispatch.Choice, platform):
+  impl = registry.get_backend(choice.backend, problem.op).impl(
+      problem, choice.variant, choice.config, platform)
+  canonical = (problem.a_shape, problem.b_shape, problem.a_scale_shape, problem.b_scale_shape)
+  out_shape = ctx.avals_out[0].shape
+
+  def as_3d(*operands):   # merging each group of dimensions is a bitcast
+    return impl(*(x.reshape(s) for x, s in zip(operands, canonical))).reshape(out_shape)
+
+  return mlir.lower_fun(as_3d, multiple_results=False)(ctx, *operands)
+
+
+def _lowering(ctx, *operands, platform, **params):
+  problem = problem_of(*ctx.avals_in, **params)
+  plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
+  ctx = ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
+  if problem.is_empty:   # nothing to multiply or store: XLA's program handles it
+    choice = dispatch.choose(problem, dispatch.FALLBACK, platform=platform)
+    return _lower_choice(ctx, operands, problem, choice, platform)
+  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
+                           platform=platform)
+  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
+    return _lower_choice(ctx, operands, problem, choice, platform)
+  try:
+    return _lower_choice(ctx, operands, problem, choice, platform)
+  except Exception as e:  # noqa: BLE001 (auto must compute what XLA's program computes)
+    return _lower_choice(ctx, operands, problem, dispatch.fall_back(problem, choice, e, platform),
+                         platform)
+
+
+def _impl(*args, **params):
+  from jax._src import dispatch as jax_dispatch  # noqa: PLC0415 (eager path for primitives)
+  return jax_dispatch.apply_primitive(scaled_matmul_p, *args, **params)
+
+
+# ---------------------------------------------------------------- autodiff
+
+
+def _jvp(primals, tangents, **params):
+  """Zero tangents pass (a constant call inside a differentiated function); others raise."""
+  if any(type(t) is not ad.Zero for t in tangents):
+    raise NotImplementedError(NOT_DIFFERENTIABLE)
+  out = scaled_matmul_p.bind(*primals, **params)
+  return out, ad.Zero.from_primal_value(out)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def _moved(x, d, to, size):
+  """`x` with its mapped axis `d` at `to`, or broadcast to have one of `size` there."""
+  if d is None:
+    return jnp.broadcast_to(jnp.expand_dims(x, to), (*x.shape[:to], size, *x.shape[to:]))
+  return jnp.moveaxis(x, d, to)
+
+
+def _batch_rule(args, dims, **params):
+  """vmap: a mapped a (with its scale) joins M, reusing b and b_scale unbroadcast;
+  otherwise the mapped axis becomes a leading batch dimension (unmapped operands
+  broadcast). A mapped per-tensor scale becomes per-row/column scales (the
+  broadcast costs M + N floats per batch entry)."""
+  a, b, a_scale, b_scale = args
+  da, db, dsa, dsb = dims
+  size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
+  nb, nm, _, _ = params["ndims"]
+  trans_a, kind = params["trans_a"], params["scale_kind"]
+  tensor_mapped = kind == "tensor" and (dsa is not None or dsb is not None)
+  if da is not None and db is None and dsb is None and not tensor_mapped:
+    a = jnp.moveaxis(a, da, nb + (1 if trans_a else 0))   # the front of a's M group
+    if kind != "tensor":
+      a_scale = _moved(a_scale, dsa, nb, size)
+    out = scaled_matmul_p.bind(a, b, a_scale, b_scale, **{**params, "ndims": (nb, nm + 1, 1, 1)})
+    return out, nb
+  a, b = _moved(a, da, 0, size), _moved(b, db, 0, size)
+  if tensor_mapped:
+    shapes = scale_shapes(a.shape, b.shape, **{**params, "ndims": (nb + 1, nm, 1, 1),
+                                               "scale_kind": "row_col"})
+    def to_row_col(scale, d, shape):   # () or a mapped (size,): constant along M (N)
+      return lax.broadcast_in_dim(scale, shape, () if d is None else (0,))
+    a_scale = to_row_col(a_scale, dsa, shapes[0])
+    b_scale = to_row_col(b_scale, dsb, shapes[1])
+    kind = "row_col"
+  elif kind != "tensor":
+    a_scale, b_scale = _moved(a_scale, dsa, 0, size), _moved(b_scale, dsb, 0, size)
+  out = scaled_matmul_p.bind(a, b, a_scale, b_scale,
+                             **{**params, "ndims": (nb + 1, nm, 1, 1), "scale_kind": kind})
+  return out, 0
+
+
+# ---------------------------------------------------------------- sharding
+
+
+def sharding_rule(*, trans_a, trans_b, ndims, scale_kind, **_) -> sharding.EinsumRule:
+  """matmul_p's einsum with the scales': none for per-tensor scales, ``"b m one"`` and
+  ``"b one n"`` per row and column (sharded with their operands), ``"b m kb"`` and
+  ``"b kb nb"`` for blocks, whose block factors stay whole (`_local_call` slices them).
+
+  >>> str(sharding_rule(trans_a=False, trans_b=True, ndims=(0, 2, 1, 1), scale_kind="block"))
+  'm0 m1 k, n k, m0 m1 kb, kb nb -> m0 m1 n'
+  """
+  base = matmul_primitive.sharding_rule(trans_a=trans_a, trans_b=trans_b, ndims=ndims)
+  (a, b), out = base.operands, base.result
+  batch, m = out[:ndims[0]], out[ndims[0]:len(out) - 1]
+  if scale_kind == "tensor":
+    return sharding.EinsumRule((a, b, (), ()), out)
+  if scale_kind == "row_col":
+    return sharding.EinsumRule((a, b, batch + m + ("one",), batch + ("one", "n")), out,
+                               replicated=("one",))
+  return sharding.EinsumRule((a, b, batch + m + ("kb",), batch + ("kb", "nb")), out,
+                             replicated=("kb", "nb"))
+
+
+def _local_blocks(scale, axis, local_size, what, axes):
+  """`scale`'s blocks (along `axis`) that cover this device's `local_size` elements of a
+  dimension sharded over mesh `axes`."""
+  if not axes:
+    return scale
+  if local_size % BLOCK and BLOCK % local_size:
+    raise ValueError(
+        f"jaxgemm.scaled_matmul with block scales: {what} is sharded over mesh axes {axes} "
+        f"into {local_size} per device, which neither is a multiple of {BLOCK} nor divides "
+        f"{BLOCK}, so a device's range does not line up with the scale blocks. Shard {what} "
+        f"into multiples of {BLOCK} per device, or keep it whole.")
+  count = blocks(local_size)
+  start = lax.axis_index(axes if len(axes) > 1 else axes[0]) * local_size // BLOCK
+  padded = jnp.pad(scale, [(0, count) if d == axis else (0, 0) for d in range(scale.ndim)],
+                   constant_values=1)
+  return lax.dynamic_slice_in_dim(padded, start, count, axis=axis)
+
+
+def _local_call(bind_local, operands, params, plan: sharding.Plan):
+  """One device's call; with block scales, the blocks of its own K and N ranges."""
+  a, b, a_scale, b_scale = operands
+  if params["scale_kind"] == "block":
+    k = a.shape[-2] if params["trans_a"] else a.shape[-1]
+    n = b.shape[-2] if params["trans_b"] else b.shape[-1]
+    k_axes = plan.factor_axes.get("k", ())
+    a_scale = _local_blocks(a_scale, a_scale.ndim - 1, k, "K", k_axes)
+    b_scale = _local_blocks(b_scale, b_scale.ndim - 2, k, "K", k_axes)
+    b_scale = _local_blocks(b_scale, b_scale.ndim - 1, n, "N", plan.factor_axes.get("n", ()))
+  return bind_local(a, b, a_scale, b_scale, **params)
+
+
+scaled_matmul_p.def_impl(_impl)
+scaled_matmul_p.def_abstract_eval(_abstract_eval)
+ad.primitive_jvps[scaled_matmul_p] = _jvp
+batching.primitive_batchers[scaled_matmul_p] = _batch_rule
+scaled_matmul_local_p = sharding.make_partitionable(
+    scaled_matmul_p, sharding_rule,
+    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")},
+    local_call=_local_call)
+
+
+def _call(problem: ScaledMatmulProblem, a, b, a_scale, b_scale, *, backend, variant, config):
+  """The primitive on canonical 3-D operands (what the autotuner times)."""
+  return bind(a, b, a_scale, b_scale, trans_a=problem.trans_a, trans_b=problem.trans_b,
+              out_dtype=problem.out_dtype, scale_kind=problem.scale_kind,
+              precision=problem.precision, backend=backend, variant=variant, config=config)
+
+
+def _example_operands(problem: ScaledMatmulProblem, key):
+  """Standard-normal fp8 operands and scales of 2**-4 .. 2**4 (never zero)."""
+  ka, kb, ks, kt = jax.random.split(key, 4)
+  a = jax.random.normal(ka, problem.a_shape, jnp.float32).astype(problem.dtype)
+  b = jax.random.normal(kb, problem.b_shape, jnp.float32).astype(problem.b_dtype)
+  scale = lambda k, s: 2.0 ** jax.random.uniform(k, s, jnp.float32, -4, 4)
+  return [a, b, scale(ks, problem.a_scale_shape), scale(kt, problem.b_scale_shape)]
+
+
+SCALED_MATMUL = registry.register_op(Op(
+    name="scaled_matmul",
+    primitive=scaled_matmul_p,
+    arity=4,
+    problem_of=lambda avals, params: problem_of(*avals, **params),
+    call=_call,
+    example_operands=_example_operands,
+))

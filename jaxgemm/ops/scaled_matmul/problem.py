@@ -1,0 +1,119 @@
+"""`ScaledMatmulProblem`: one `scaled_matmul_p` call, an FP8 GEMM with scales."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgemm.ops.matmul.problem import GemmProblem
+
+# The operand dtypes: Hopper's FP8 wgmma takes e4m3 and e5m2 in any pairing.
+FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
+OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
+SCALE_DTYPE = np.dtype(np.float32)
+# How the scales cover the operands (shapes in `ScaledMatmulProblem`'s docstring).
+SCALE_KINDS = ("tensor", "row_col", "block")
+# The width of a scale block along K (and N for b's 128x128 blocks): the interval
+# at which the kernels promote their partial sums to fp32.
+BLOCK = 128
+
+
+def blocks(size: int) -> int:
+  """How many BLOCK-wide blocks cover `size` (the last one may be partial)."""
+  return math.ceil(size / BLOCK)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaledMatmulProblem(GemmProblem):
+  """C[b] = (op(A[b]) * a_scale) @ (op(B[b]) * b_scale), accumulated in fp32, stored in out_dtype.
+
+  A in `dtype`, B in `b_dtype` (float8_e4m3fn or float8_e5m2, any pairing);
+  scales float32, in the logical orientation of op(A) (M rows) and op(B)
+  (N columns) whatever the transpose flags, canonical (3-D) shapes:
+
+      scale_kind   a_scale                    b_scale
+      "tensor"     ()                         ()
+      "row_col"    (batch, M, 1)              (batch, 1, N)
+      "block"      (batch, M, ceil(K/128))    (batch, ceil(K/128), ceil(N/128))
+
+  "block" is the DeepSeek-V3 recipe: 1x128 blocks of A (per row, per 128 of K)
+  and 128x128 blocks of B; the product is a sum over 128-wide K blocks of fp32
+  partial products, each scaled by its blocks' scales.
+
+  >>> import numpy as np, jax.numpy as jnp
+  >>> p = ScaledMatmulProblem(1, 256, 512, 1024, np.dtype(jnp.float8_e4m3fn),
+  ...                         np.dtype(jnp.bfloat16), np.dtype(np.float32),
+  ...                         b_dtype=np.dtype(jnp.float8_e5m2), scale_kind="block")
+  >>> p.describe(), p.a_scale_shape, p.b_scale_shape
+  ('1x(256x1024 @ 1024x512) NN float8_e4m3fn x float8_e5m2->bfloat16 block scales', (1, 256, 8), (1, 8, 4))
+  """
+
+  op = "scaled_matmul"
+
+  b_dtype: np.dtype | None = None   # None: `dtype`
+  scale_kind: str = "tensor"
+
+  def __post_init__(self):
+    if self.b_dtype is None:
+      object.__setattr__(self, "b_dtype", np.dtype(self.dtype))
+    if self.scale_kind not in SCALE_KINDS:
+      raise ValueError(f"scale_kind={self.scale_kind!r} must be one of {SCALE_KINDS}")
+
+  @property
+  def k_blocks(self) -> int:
+    return blocks(self.k)
+
+  @property
+  def n_blocks(self) -> int:
+    return blocks(self.n)
+
+  @property
+  def a_scale_shape(self) -> tuple[int, ...]:
+    return {"tensor": (), "row_col": (self.batch, self.m, 1),
+            "block": (self.batch, self.m, self.k_blocks)}[self.scale_kind]
+
+  @property
+  def b_scale_shape(self) -> tuple[int, ...]:
+    return {"tensor": (), "row_col": (self.batch, 1, self.n),
+            "block": (self.batch, self.k_blocks, self.n_blocks)}[self.scale_kind]
+
+  @property
+  def min_bytes(self) -> int:
+    elems_in = self.batch * self.m * self.k + self.batch * self.k * self.n
+    scales = math.prod(self.a_scale_shape) + math.prod(self.b_scale_shape)
+    return (elems_in + 4 * scales
+            + self.batch * self.m * self.n * np.dtype(self.out_dtype).itemsize)
+
+  @property
+  def aligned(self) -> bool:
+    """Every operand row and the output's 16-byte aligned (1-byte operands)."""
+    a_row = self.m if self.trans_a else self.k
+    b_row = self.k if self.trans_b else self.n
+    return (a_row % 16 == 0 and b_row % 16 == 0
+            and self.n * np.dtype(self.out_dtype).itemsize % 16 == 0)
+
+  @property
+  def fp32_precision(self) -> str | None:
+    return None
+
+  @property
+  def accuracy_class(self) -> str:
+    return "fp8"
+
+  def cache_fields(self) -> tuple[str, ...]:
+    dtypes = (f"{np.dtype(self.dtype).name}x{np.dtype(self.b_dtype).name}"
+              f"->{np.dtype(self.out_dtype).name}")
+    return (dtypes, self.scale_kind, self.layout)
+
+  def describe(self) -> str:
+    return (f"{self.batch}x({self.m}x{self.k} @ {self.k}x{self.n}) {self.layout} "
+            f"{np.dtype(self.dtype).name} x {np.dtype(self.b_dtype).name}"
+            f"->{np.dtype(self.out_dtype).name} {self.scale_kind} scales")
+
+  def as_gemm(self) -> GemmProblem:
+    """The bare GEMM of the same shapes (what matmul heuristics size tiles for)."""
+    return GemmProblem(self.batch, self.m, self.n, self.k, self.dtype, self.out_dtype,
+                       self.acc_dtype, self.trans_a, self.trans_b, self.precision)

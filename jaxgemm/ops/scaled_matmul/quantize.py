@@ -1,0 +1,96 @@
+"""`quantize`: an array to fp8 values and float32 scales, x ~= q * scale, in scaled_matmul's shapes."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES
+
+
+def _block_sizes(block, shape) -> tuple[int, int]:
+  """The (rows, cols) of one block over the last two dimensions of `shape`."""
+  if not (isinstance(block, tuple) and len(block) == 2):
+    raise TypeError(f"quantize's block must be None or a pair (rows, cols), each a positive "
+                    f"int or None (the whole dimension); got block={block!r}")
+  out = []
+  for size, b in zip(shape[-2:], block):
+    if b is None:
+      out.append(max(size, 1))
+    elif isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b > 0:
+      out.append(int(b))
+    else:
+      raise TypeError(f"quantize's block entries must be positive ints or None; got "
+                      f"block={block!r}")
+  return tuple(out)
+
+
+def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
+  """(q, scale) with x ~= q * scale: q in fp8 `dtype`, scale float32, amax based.
+
+  Args:
+    x: a floating array; with a `block`, its last two dimensions are blocked
+      (leading ones are batch: one scale per block of each).
+    dtype: jnp.float8_e4m3fn (max 448) or jnp.float8_e5m2 (max 57344).
+    block: None for one scale (shape ()); else (rows, cols) of a block, an int or
+      None (the whole dimension), giving scale shape
+      (..., ceil(rows/block_rows), ceil(cols/block_cols)):
+
+        block=(1, 128)     (rows, ceil(cols/128))    activations: scaled_matmul's a_scale
+        block=(128, 128)   (ceil(rows/128), ceil(cols/128))   weights: its b_scale
+        block=(1, None)    (rows, 1)                 per row
+        block=(None, 1)    (1, cols)                 per column
+        block=(128, 1)     (ceil(rows/128), cols)    blocks along rows (the a of a
+                                                      trans_a scaled_matmul)
+
+      A partial block at the end counts only the elements it has.
+
+  Each block's scale is amax / dtype_max (amax in float32 over the block), and
+  q = x / scale rounded to `dtype`, clipped to +-dtype_max (saturating: rounding
+  never overflows to inf or nan). A block whose scale is zero or not a normal
+  float32 (all zeros, or amax below ~5e-36) gets scale 1.0, so q holds the
+  block's values rounded to fp8 (zeros stay zeros). A non-finite element makes
+  its block's scale non-finite. Jit-able (`block` and `dtype` are static).
+
+  Example:
+    >>> import jax.numpy as jnp, jaxgemm
+    >>> q, s = jaxgemm.quantize(jnp.array([[1.0, -2.0], [0.5, 0.25]]), block=(1, None))
+    >>> q.dtype, s.shape, [float(v) for v in s[:, 0] * 448]
+    (dtype(float8_e4m3fn), (2, 1), [2.0, 0.5])
+  """
+  x = jnp.asarray(x)
+  dtype = np.dtype(dtype)
+  if dtype not in FP8_DTYPES:
+    raise TypeError(f"quantize's dtype must be one of {[d.name for d in FP8_DTYPES]}; "
+                    f"got dtype={dtype}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"quantize takes a floating x; got x.dtype={x.dtype}")
+  fmax = float(jnp.finfo(dtype).max)
+  tiny = float(jnp.finfo(jnp.float32).tiny)
+  x32 = x.astype(jnp.float32)
+
+  def scale_of(amax):
+    s = amax / fmax
+    return jnp.where((s >= tiny) | ~jnp.isfinite(s), s, jnp.float32(1))
+
+  if block is None:
+    scale = scale_of(jnp.max(jnp.abs(x32)) if x.size else jnp.float32(0))
+    q = jnp.clip(x32 / scale, -fmax, fmax).astype(dtype)
+    return q, scale
+  if x.ndim < 2:
+    raise ValueError(f"quantize with block={block!r} blocks the last two dimensions of x; "
+                     f"got x.shape={x.shape} (use block=None for one scale)")
+  br, bc = _block_sizes(block, x.shape)
+  *lead, rows, cols = x.shape
+  nr, nc = math.ceil(rows / br), math.ceil(cols / bc)
+  padded = jnp.pad(x32, [(0, 0)] * len(lead) + [(0, nr * br - rows), (0, nc * bc - cols)])
+  blocked = padded.reshape(*lead, nr, br, nc, bc)
+  amax = jnp.max(jnp.abs(blocked), axis=(-3, -1)) if blocked.size else jnp.zeros(
+      (*lead, nr, nc), jnp.float32)
+  scale = scale_of(amax)                                      # (..., nr, nc)
+  full = jnp.repeat(jnp.repeat(scale, br, axis=-2), bc, axis=-1)[..., :rows, :cols]
+  q = jnp.clip(x32 / full, -fmax, fmax).astype(dtype)
+  return q, scale

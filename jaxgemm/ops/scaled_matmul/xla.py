@@ -1,0 +1,87 @@
+"""The `xla` backend of scaled_matmul: XLA's own program of the scaled product.
+
+What a user writes without jaxgemm, and what `backend="auto"` runs and the
+benchmark compares against:
+
+* "tensor" and "row_col": `(dot(a8, b8, preferred_element_type=f32) * (sa * sb)).astype(out)`,
+  the scales applied to the fp32 accumulator (the issue's "scaled form");
+* "block": a sum over 128-wide K blocks of fp32 partial products, each times its
+  blocks' scales (a_scale[:, m, kb] * b_scale[:, kb, n // 128]), in a
+  `lax.fori_loop` (K zero-padded to whole blocks), so memory stays that of the
+  result: XLA has no fused block-scaled GEMM on Hopper.
+
+Accumulation is fp32 (XLA's dot of fp8 operands with an fp32 result); the one
+rounding is to out_dtype at the end.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jaxgemm import registry
+from jaxgemm.ops.matmul.xla import XlaConfig
+from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulProblem
+
+F32 = np.float32
+
+
+def _dims(problem: ScaledMatmulProblem):
+  """dot_general's dimension numbers on the canonical 3-D operands."""
+  return (((1 if problem.trans_a else 2,), (2 if problem.trans_b else 1,)), ((0,), (0,)))
+
+
+def scaled_product(problem: ScaledMatmulProblem, a, b, a_scale, b_scale):
+  """The problem's result from canonical operands, in XLA ops (see the module docstring)."""
+  dims = _dims(problem)
+  dot = lambda x, y: lax.dot_general(x, y, dims, precision=problem.precision,
+                                     preferred_element_type=F32)
+  if problem.scale_kind != "block":
+    scale = a_scale * b_scale   # () or (B, M, 1) * (B, 1, N): the accumulator's shape
+    return (dot(a, b) * scale).astype(problem.out_dtype)
+  kb = problem.k_blocks
+  if kb == 0:
+    return jnp.zeros(problem.out_shape, problem.out_dtype)
+  ka, kb_axis = (1 if problem.trans_a else 2), (2 if problem.trans_b else 1)
+  pad = kb * BLOCK - problem.k
+  if pad:
+    a = jnp.pad(a, [(0, pad) if d == ka else (0, 0) for d in range(3)])
+    b = jnp.pad(b, [(0, pad) if d == kb_axis else (0, 0) for d in range(3)])
+  # b's scale per column: each 128-column block's scale repeated over its columns.
+  b_cols = jnp.repeat(b_scale, BLOCK, axis=2, total_repeat_length=problem.n_blocks * BLOCK)
+  b_cols = b_cols[:, :, :problem.n]   # (B, Kb, N)
+
+  def step(i, acc):
+    a_i = lax.dynamic_slice_in_dim(a, i * BLOCK, BLOCK, axis=ka)
+    b_i = lax.dynamic_slice_in_dim(b, i * BLOCK, BLOCK, axis=kb_axis)
+    sa = lax.dynamic_slice_in_dim(a_scale, i, 1, axis=2)      # (B, M, 1)
+    sb = lax.dynamic_slice_in_dim(b_cols, i, 1, axis=1)       # (B, 1, N)
+    return acc + dot(a_i, b_i) * sa * sb
+
+  acc = lax.fori_loop(0, kb, step, jnp.zeros(problem.out_shape, F32))
+  return acc.astype(problem.out_dtype)
+
+
+class XlaScaledMatmul(registry.Backend):
+  op = "scaled_matmul"
+  name = "xla"
+  kernel_modules = ("jaxgemm.ops.scaled_matmul.xla",)
+  config_cls = XlaConfig
+  variants = ("dot_general",)
+
+  def check(self, problem: ScaledMatmulProblem, variant: str, config) -> None:
+    for what, dtype in (("a", problem.dtype), ("b", problem.b_dtype)):
+      if np.dtype(dtype) not in FP8_DTYPES:
+        raise NotImplementedError(f"backend='xla' scaled_matmul takes fp8 operands "
+                                  f"{[d.name for d in FP8_DTYPES]}; got {what}.dtype="
+                                  f"{np.dtype(dtype).name}")
+
+  def default_config(self, problem: ScaledMatmulProblem, variant: str) -> XlaConfig:
+    return XlaConfig()
+
+  def impl(self, problem: ScaledMatmulProblem, variant: str, config, platform: str):
+    return lambda a, b, a_scale, b_scale: scaled_product(problem, a, b, a_scale, b_scale)
+
+
+registry.register(XlaScaledMatmul())

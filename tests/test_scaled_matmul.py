@@ -1,0 +1,328 @@
+"""scaled_matmul (FP8 GEMMs with scales) and quantize on every registered kernel.
+
+References are float64 products of the dequantized operands, q * scale with the
+scales expanded here by their block sizes (independently of the library).
+
+Tolerances (element-wise against |A| @ |B| of the dequantized operands, and
+norm-wise, `gemm_testing.assert_gemm_close`): the output's one rounding
+(OUT_STEP: half a step of out_dtype, relative to |ref| <= |A| @ |B|) plus
+ACC_TOL = 2**-13 for the accumulation. fp32 accumulation's own error is about
+sqrt(K) * 2**-24 <= 2**-17 of |A| @ |B| at K = 16384 (random signs; the xla
+backend measures far below ACC_TOL, see test_accumulation_stays_at_fp32_level).
+The allowance is for kernels on Hopper, whose FP8 tensor cores keep about 14
+bits while accumulating (DeepSeek-V3 report): promoted to fp32 every 128 of K,
+each interval's error stays near 2**-14 of its |A| @ |B| and does not grow with
+K; unpromoted, the error grows with K (about 2% of the result at K = 4096, i.e.
+about 2**-11 of |A| @ |B| for random data, where |A| @ |B| is ~0.64 sqrt(K)
+times |ref|), which ACC_TOL rejects at the K the accumulation test runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgemm
+from gemm_testing import as_f64, assert_gemm_close
+from jaxgemm import registry
+
+pytestmark = pytest.mark.op("scaled_matmul")
+
+E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
+ACC_TOL = 2.0**-13
+OUT_STEP = {BF16: 2.0**-8, F16: 2.0**-11, F32: 2.0**-24}
+# quantize's block for each scale kind, for a (stored (M, K)) and b (stored (K, N)).
+A_BLOCK = {"tensor": None, "row_col": (1, None), "block": (1, 128)}
+B_BLOCK = {"tensor": None, "row_col": (None, 1), "block": (128, 128)}
+
+
+def expand(scale, shape, block):
+  """The float64 scale of every element of an array of `shape` quantized with `block`."""
+  s = as_f64(scale)
+  if block is None:
+    return np.broadcast_to(s, shape)
+  for axis, b in ((-2, block[0]), (-1, block[1])):
+    size = shape[axis]
+    s = np.repeat(s, size if b is None else b, axis=axis)
+    s = np.take(s, np.arange(size), axis=axis)
+  return np.broadcast_to(s, shape)
+
+
+def dequantized(q, scale, block):
+  return as_f64(q) * expand(scale, q.shape, block)
+
+
+def reference(a, b):
+  """(a @ b, |a| @ |b|) in float64."""
+  return np.matmul(a, b), np.matmul(np.abs(a), np.abs(b))
+
+
+def operands(rng, shape, dtype, block, spread=True):
+  """(q, scale, dequantized float64) of random data quantized with `block`; rows
+  and columns of different magnitudes when `spread`, so scales differ."""
+  x = rng.standard_normal(shape)
+  if spread:
+    x = x * np.exp2(rng.integers(-3, 4, size=shape[-2:-1] + (1,)))
+    x = x * np.exp2(rng.integers(-3, 4, size=(1,) + shape[-1:]))
+  q, s = jaxgemm.quantize(jnp.asarray(x, jnp.float32), dtype, block)
+  return q, s, dequantized(q, s, block)
+
+
+def check(out, ref, bound, out_dtype, what=""):
+  assert out.dtype == out_dtype, (out.dtype, out_dtype)
+  assert_gemm_close(out, ref, bound, OUT_STEP[np.dtype(out_dtype)] + ACC_TOL, what)
+
+
+KIND_PAIRS = [("tensor", "tensor"), ("row_col", "row_col"), ("block", "block"),
+              ("tensor", "row_col"), ("row_col", "tensor"), ("tensor", "block"),
+              ("block", "tensor"), ("row_col", "block")]
+DTYPE_PAIRS = [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2), (E5M2, E4M3)]
+
+
+@pytest.mark.cases([pytest.param((ka, kb, da, db, BF16), id=f"{ka}-{kb}-{da.name}-{db.name}")
+                    for ka, kb in KIND_PAIRS for da, db in DTYPE_PAIRS]
+                   + [pytest.param((k, k, E4M3, E4M3, o), id=f"{k}-out-{o.name}")
+                      for k in ("tensor", "row_col", "block") for o in (F16, F32)])
+def test_scale_kinds_dtypes_and_out_dtypes(kernel, case, rng):
+  """Every scale kind (and their mixes), fp8 dtype pairing and out dtype, on ragged
+  M, K, N (none a multiple of 128: partial blocks along K and N)."""
+  ka, kb, da, db, out_dtype = case
+  a, sa, a64 = operands(rng, (70, 300), da, A_BLOCK[ka])
+  b, sb, b64 = operands(rng, (300, 200), db, B_BLOCK[kb])
+  out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, **kernel.kw)
+  check(out, *reference(a64, b64), out_dtype, f"{case}")
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])
+def test_transposed_layouts(kernel, kind, trans_a, trans_b, rng):
+  """Operands stored transposed, with their scales as quantize returns them for the
+  stored array (the backward's layouts: the forward's fp8 tensors reused)."""
+  m, k, n = 40, 260, 136
+  a_block = {"tensor": None, "row_col": (None, 1), "block": (128, 1)}[kind] if trans_a \
+      else A_BLOCK[kind]
+  b_block = {"tensor": None, "row_col": (1, None), "block": (128, 128)}[kind] if trans_b \
+      else B_BLOCK[kind]
+  a, sa, a64 = operands(rng, (k, m) if trans_a else (m, k), E4M3, a_block)
+  b, sb, b64 = operands(rng, (n, k) if trans_b else (k, n), E5M2, b_block)
+  out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_a=trans_a, trans_b=trans_b,
+                              **kernel.kw)
+  check(out, *reference(a64.T if trans_a else a64, b64.T if trans_b else b64), F32)
+
+
+def test_transposed_weight_reuses_forward_scales(kernel, rng):
+  """dgrad's dY @ W^T takes the forward's w8 and w_scale unchanged (trans_b=True)."""
+  w, sw, w64 = operands(rng, (384, 256), E4M3, (128, 128))
+  dy, sdy, dy64 = operands(rng, (24, 256), E5M2, (1, 128))
+  out = jaxgemm.scaled_matmul(dy, w, sdy, sw, out_dtype=F32, trans_b=True, **kernel.kw)
+  check(out, *reference(dy64, w64.T), F32)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
+@pytest.mark.parametrize("a_shape,b_shape", [
+    pytest.param((3, 2, 50, 130), (130, 140), id="shared-weight"),
+    pytest.param((3, 50, 130), (3, 130, 140), id="batched"),
+    pytest.param((2, 1, 50, 130), (3, 130, 140), id="broadcast"),
+])
+def test_batches(kernel, kind, a_shape, b_shape, rng):
+  """Leading batch dimensions as in jnp.matmul, with scales per batch entry."""
+  a, sa, a64 = operands(rng, a_shape, E4M3, A_BLOCK[kind])
+  b, sb, b64 = operands(rng, b_shape, E4M3, B_BLOCK[kind])
+  if kind == "tensor":   # one scale per tensor: quantize saw the whole batch
+    assert sa.shape == sb.shape == ()
+  out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, **kernel.kw)
+  check(out, *reference(a64, b64), F32)
+
+
+def test_scale_without_batch_dims_applies_to_every_entry(kernel, rng):
+  a, sa, _ = operands(rng, (50, 130), E4M3, (1, 128))
+  b, sb, b64 = operands(rng, (4, 130, 20), E4M3, (128, 128))
+  a4 = jnp.broadcast_to(a, (4, 50, 130))
+  out = jaxgemm.scaled_matmul(a4, b, sa, sb, out_dtype=F32, **kernel.kw)
+  check(out, *reference(dequantized(a, sa, (1, 128)), b64), F32)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "block"])
+def test_accumulation_stays_at_fp32_level(kernel, kind, rng):
+  """K up to 16384 (partial last block): the error against float64 of the dequantized
+  inputs stays within ACC_TOL of |A| @ |B| (module docstring), with no growth in K
+  beyond fp32's."""
+  errors = []
+  for k in (1024, 4096, 16384 - 64):
+    a, sa, a64 = operands(rng, (16, k), E4M3, A_BLOCK[kind], spread=False)
+    b, sb, b64 = operands(rng, (k, 24), E4M3, B_BLOCK[kind], spread=False)
+    out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, **kernel.kw)
+    ref, bound = reference(a64, b64)
+    assert_gemm_close(out, ref, bound, ACC_TOL, f"K={k}")
+    errors.append(float(np.max(np.abs(as_f64(out) - ref) / bound)))
+  if kernel.is_xla:   # XLA accumulates in fp32: far below the allowance
+    assert max(errors) < 2.0**-17, errors
+
+
+def test_zero_k_and_zero_rows(kernel):
+  a, b = jnp.zeros((5, 0), E4M3), jnp.zeros((0, 7), E4M3)
+  out = jaxgemm.scaled_matmul(a, b, jnp.float32(2), jnp.float32(3), out_dtype=F32, **kernel.kw)
+  np.testing.assert_array_equal(out, np.zeros((5, 7)))
+  out = jaxgemm.scaled_matmul(jnp.zeros((0, 130), E4M3), jnp.ones((130, 7), E4M3),
+                              jnp.zeros((0, 2)), jnp.ones((2, 1)), **kernel.kw)
+  assert out.shape == (0, 7)
+
+
+def test_jit_and_vmap(kernel, rng):
+  """Under jit; vmap over activations (joins M), over both operands, and over
+  per-example per-tensor scales (become per-row scales)."""
+  kw = dict(out_dtype=F32, **kernel.kw)
+  a, sa, a64 = operands(rng, (4, 20, 260), E4M3, (1, 128))
+  b, sb, b64 = operands(rng, (260, 30), E4M3, (128, 128))
+  f = lambda a, b, sa, sb: jaxgemm.scaled_matmul(a, b, sa, sb, **kw)
+  check(jax.jit(f)(a, b, sa, sb), *reference(a64, b64), F32, "jit")
+  out = jax.vmap(f, in_axes=(0, None, 0, None))(a, b, sa, sb)
+  check(out, *reference(a64, b64), F32, "vmap a")
+  bs = [operands(rng, (260, 30), E5M2, (128, 128)) for _ in range(4)]
+  bq, bsc = jnp.stack([x[0] for x in bs]), jnp.stack([x[1] for x in bs])
+  out = jax.jit(jax.vmap(f, in_axes=(0, 0, 0, 0)))(a, bq, sa, bsc)
+  check(out, *reference(a64, np.stack([x[2] for x in bs])), F32, "vmap both")
+  # Per-example tensor scales, vmapped (a mapped, then b mapped with a shared).
+  ts = [operands(rng, (20, 64), E4M3, None, spread=False) for _ in range(4)]
+  aq, asc = jnp.stack([x[0] for x in ts]), jnp.stack([x[1] for x in ts])
+  w, sw, w64 = operands(rng, (64, 30), E4M3, None)
+  out = jax.vmap(f, in_axes=(0, None, 0, None))(aq, w, asc, sw)
+  check(out, *reference(np.stack([x[2] for x in ts]), w64), F32, "vmap tensor scales")
+  out = jax.vmap(lambda b, sb: f(ts[0][0], b, ts[0][1], sb), in_axes=(0, 0))(
+      jnp.stack([w, w]), jnp.stack([sw, 2 * sw]))
+  check(out, *reference(ts[0][2], np.stack([w64, 2 * w64])), F32, "vmap b tensor scale")
+  # Nested vmap over a batched call.
+  out = jax.vmap(jax.vmap(f, in_axes=(0, None, 0, None)), in_axes=(0, None, 0, None))(
+      a.reshape(2, 2, 20, 260), b, sa.reshape(2, 2, 20, 3), sb)
+  check(out, *reference(a64.reshape(2, 2, 20, 260), b64), F32, "nested vmap")
+
+
+def test_not_differentiable_names_the_training_path(kernel):
+  a, b = jnp.ones((8, 16), E4M3), jnp.ones((16, 8), E4M3)
+  f = lambda sa: jaxgemm.scaled_matmul(a, b, sa, jnp.float32(1), **kernel.kw).sum()
+  with pytest.raises(NotImplementedError, match="fp8=.*future work"):
+    jax.grad(lambda s: f(s).astype(jnp.float32))(jnp.float32(1))
+  # A call on constants inside a differentiated function is fine (zero tangents).
+  g = jax.grad(lambda x: x * f(jnp.float32(2)).astype(jnp.float32))(jnp.float32(3))
+  assert float(g) == 2 * 16 * 64   # 64 elements, each 2 * 16
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_bad_inputs_name_the_argument(kernel):
+  a, b = jnp.ones((8, 256), E4M3), jnp.ones((256, 16), E4M3)
+  one = jnp.float32(1)
+  call = lambda *args, **kw: jaxgemm.scaled_matmul(*args, **{**kernel.kw, **kw})
+  with pytest.raises(TypeError, match=r"scaled_matmul's a must be fp8.*bfloat16"):
+    call(a.astype(jnp.bfloat16), b, one, one)
+  with pytest.raises(TypeError, match=r"scaled_matmul's b must be fp8.*float32"):
+    call(a, b.astype(jnp.float32), one, one)
+  with pytest.raises(TypeError, match=r"a_scale must be float32; got a_scale.dtype=bfloat16"):
+    call(a, b, jnp.bfloat16(1), one)
+  with pytest.raises(TypeError, match=r"b_scale must be float32; got b_scale.dtype=float16"):
+    call(a, b, one, jnp.ones((2, 1), jnp.float16))
+  with pytest.raises(ValueError, match=r"a_scale has shape \(8, 3\).*\(8, 1\).*\(8, 2\)"):
+    call(a, b, jnp.ones((8, 3)), one)
+  with pytest.raises(ValueError, match=r"b_scale has shape \(2, 16\).*\(1, 16\).*\(2, 1\)"):
+    call(a, b, one, jnp.ones((2, 16)))
+  with pytest.raises(ValueError, match=r"a_scale has shape \(5, 8, 1\).*batch \(\)"):
+    call(a, b, jnp.ones((5, 8, 1)), one)
+  with pytest.raises(ValueError, match=r"b_scale is per column.*block=\(128, 128\)"):
+    call(a, b, jnp.ones((8, 2)), jnp.ones((1, 16)))
+  with pytest.raises(TypeError, match=r"out_dtype must be one of"):
+    call(a, b, one, one, out_dtype=jnp.int32)
+  with pytest.raises(TypeError, match=r"contracting dimensions differ.*K=256.*K=128"):
+    call(a, b[:128], one, one)
+  with pytest.raises(ValueError, match=r"a must have at least 2 dimensions"):
+    call(a[0], b, one, one)
+  with pytest.raises(ValueError, match=r"batch dimensions do not broadcast"):
+    call(jnp.ones((2, 8, 256), E4M3), jnp.ones((3, 256, 16), E4M3), one, one)
+  with pytest.raises(ValueError, match=r"unknown backend='nope'"):
+    jaxgemm.scaled_matmul(a, b, one, one, backend="nope")
+
+
+def test_registered_op_and_problem(kernel):
+  """The op is registered (problems_in finds it: backward=False, as it has no gradient);
+  its example operands run through Op.call, as the autotuner runs them."""
+  assert "scaled_matmul" in registry.ops() and "xla" in jaxgemm.backends("scaled_matmul")
+  a, b = jnp.ones((2, 64, 256), E4M3), jnp.ones((256, 32), E5M2)
+  fn = lambda a, b: jaxgemm.scaled_matmul(a, b, jnp.ones((2, 64, 2)), jnp.ones((2, 1)))
+  (problem,) = jaxgemm.problems_in(fn, a, b, backward=False)
+  assert isinstance(problem, jaxgemm.ScaledMatmulProblem)
+  assert problem.describe() == ("1x(128x256 @ 256x32) NN float8_e4m3fn x float8_e5m2->bfloat16 "
+                                "block scales")
+  op = registry.get_op("scaled_matmul")
+  args = op.example_operands(problem, jax.random.key(0))
+  out = op.call(problem, *args, backend=kernel.backend, variant=kernel.variant, config=None)
+  assert out.shape == problem.out_shape and out.dtype == BF16
+
+
+# ---------------------------------------------------------------- quantize
+
+BLOCKS = [None, (1, 128), (128, 128), (1, None), (None, 1), (128, 1)]
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("block", BLOCKS, ids=str)
+def test_quantize_round_trip_and_shapes(block, dtype, rng):
+  """x ~= q * scale within half the fp8 dtype's relative step (normal range) plus half
+  its smallest subnormal step times the scale; scales in scaled_matmul's shapes."""
+  rows, cols = 200, 300
+  x = rng.standard_normal((rows, cols)) * np.exp2(rng.integers(-6, 7, size=(rows, 1)))
+  q, s = jax.jit(jaxgemm.quantize, static_argnums=(1, 2))(jnp.asarray(x, jnp.float32), dtype,
+                                                           block)
+  want = {None: (), (1, 128): (rows, 3), (128, 128): (2, 3), (1, None): (rows, 1),
+          (None, 1): (1, cols), (128, 1): (2, cols)}[block]
+  assert q.dtype == dtype and q.shape == x.shape and s.shape == want and s.dtype == F32
+  info = jnp.finfo(dtype)
+  x32 = as_f64(jnp.asarray(x, jnp.float32))
+  scale = expand(s, x.shape, block)
+  err = np.abs(dequantized(q, s, block) - x32)
+  limit = float(info.eps) / 2 * np.abs(x32) + scale * float(info.smallest_subnormal) / 2
+  assert np.all(err <= limit * (1 + 1e-6)), float(np.max(err / limit))
+  # Each block's largest element lands on the dtype's max: the range is used.
+  np.testing.assert_allclose(np.max(np.abs(as_f64(q))), float(info.max))
+
+
+def test_quantize_saturates_zero_safe_and_batched(rng):
+  fmax = float(jnp.finfo(E4M3).max)
+  # Saturation: x / scale is clipped to +-max (never inf or nan), even for an
+  # element that rounds up past the max.
+  x = jnp.asarray([[1e30, -3e38, 2.0, 0.0]], jnp.float32)
+  q, s = jaxgemm.quantize(x)
+  assert np.all(np.isfinite(as_f64(q))) and float(jnp.min(q.astype(F32))) == -fmax
+  q, s = jaxgemm.quantize(jnp.asarray([[448.0, 470.0]]), block=None)
+  assert float(s) == np.float32(470.0) / np.float32(fmax) and np.all(np.abs(as_f64(q)) <= fmax)
+  # Zeros: an all-zero tensor and an all-zero block get scale 1 and q = 0.
+  q, s = jaxgemm.quantize(jnp.zeros((4, 4)))
+  assert float(s) == 1.0 and not np.any(as_f64(q))
+  x = np.ones((2, 256), np.float32)
+  x[1, 128:] = 0
+  q, s = jaxgemm.quantize(jnp.asarray(x), jnp.float8_e5m2, (1, 128))
+  c = np.float32(1) / np.float32(57344)
+  np.testing.assert_array_equal(s, np.array([[c, c], [c, 1.0]], np.float32))
+  assert not np.any(as_f64(q)[1, 128:])
+  # Leading dimensions are batch: one scale per block of each entry.
+  x = rng.standard_normal((3, 5, 260)).astype(np.float32)
+  q, s = jaxgemm.quantize(x, block=(1, 128))
+  assert s.shape == (3, 5, 3)
+  np.testing.assert_allclose(as_f64(s)[1], as_f64(jaxgemm.quantize(x[1], block=(1, 128))[1]))
+
+
+def test_quantize_bad_arguments():
+  with pytest.raises(TypeError, match="dtype must be one of"):
+    jaxgemm.quantize(jnp.ones((2, 2)), jnp.bfloat16)
+  with pytest.raises(TypeError, match="block must be None or a pair"):
+    jaxgemm.quantize(jnp.ones((2, 2)), block=128)
+  with pytest.raises(TypeError, match="positive ints or None"):
+    jaxgemm.quantize(jnp.ones((2, 2)), block=(0, 128))
+  with pytest.raises(ValueError, match="last two dimensions"):
+    jaxgemm.quantize(jnp.ones(8), block=(1, 128))
+  with pytest.raises(TypeError, match="floating x"):
+    jaxgemm.quantize(jnp.ones((2, 2), jnp.int32))
