@@ -610,3 +610,68 @@ def test_fused_epilogue_and_glu_partition_without_gathering(partitioner, x_spec,
                                       ** 2).sum(), (0, 1, 2, 3))(x, w, bias, residual)
   for g, wnt in zip(grads, want):
     np.testing.assert_allclose(g, wnt, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- FP8 scaled GEMMs
+
+
+def _scaled_operands(kind, m=64, k=512, n=256, seed=0):
+  """fp8 x (m, k), w (k, n) and their scales for `kind` (jaxgemm.quantize's shapes)."""
+  r = np.random.default_rng(seed)
+  blocks = {"tensor": (None, None), "row_col": ((1, None), (None, 1)),
+            "block": ((1, 128), (128, 128))}[kind]
+  x, sx = jaxgemm.quantize(jnp.asarray(r.standard_normal((m, k)), F32), block=blocks[0])
+  w, sw = jaxgemm.quantize(jnp.asarray(r.standard_normal((k, n)), F32), jnp.float8_e5m2,
+                           block=blocks[1])
+  return x, w, sx, sw
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
+@pytest.mark.parametrize("x_spec,w_spec", [
+    pytest.param(P("x", None), P(None, None), id="data-parallel"),
+    pytest.param(P(None, None), P(None, "y"), id="tensor-parallel-columns"),
+    pytest.param(P("x", None), P(None, "y"), id="data-and-tensor"),
+    pytest.param(P(None, "y"), P("y", None), id="k-sharded"),
+])
+def test_scaled_matmul_partitions_with_its_scales(partitioner, kind, x_spec, w_spec):
+  """Rows and columns stay local with their scales (row/column scales sharded alike,
+  block scales whole, each device slicing its own blocks: N = 256 over 4 is 64 columns,
+  inside one 128-wide block); a sharded K (512 over 4: one block per device) is summed
+  with one all-reduce, with no gather of an operand."""
+  mesh = auto_mesh((2, 4), ("x", "y"))
+  x, w, sx, sw = _scaled_operands(kind)
+  m_axis, k_axis, n_axis = x_spec[0], x_spec[1], w_spec[1]
+  scale_specs = {"tensor": (P(), P()), "row_col": (P(m_axis, None), P(None, n_axis)),
+                 "block": (P(m_axis, None), P(None, None))}[kind]
+  placed = [jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip((x, w, sx, sw), (x_spec, w_spec, *scale_specs))]
+  fn = lambda *a: jaxgemm.scaled_matmul(*a, out_dtype=F32, backend="xla")
+  want = np.asarray(fn(x, w, sx, sw))
+  with sharding.recording_local_problems() as seen:
+    compiled = jax.jit(fn).lower(*placed).compile()
+  out = compiled(*placed)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+  local = [p.problem for p in seen if p.op == "jaxgemm_scaled_matmul"]
+  assert local, seen
+  shards = lambda axis: {None: 1, "x": 2, "y": 4}[axis]
+  assert (local[0].m, local[0].k, local[0].n) == (64 // shards(m_axis), 512 // shards(k_axis),
+                                                  256 // shards(n_axis)), local[0]
+  found = collectives(compiled.as_text())
+  if k_axis is None:
+    assert not found, found
+  else:
+    assert "all-reduce" in found and not float_gathers(compiled.as_text()), found
+
+
+def test_scaled_matmul_block_scales_refuse_a_k_split_off_the_blocks(partitioner):
+  """K = 320 over 4 devices is 80 per device: neither whole blocks nor inside one, so
+  each device's K range would need parts of two scale blocks: a clear error (raised in
+  the partitioner's callback, which XLA reports as a JaxRuntimeError carrying it)."""
+  mesh = auto_mesh((2, 4), ("x", "y"))
+  x, w, sx, sw = _scaled_operands("block", k=320)
+  placed = [jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip((x, w, sx, sw), (P(None, "y"), P("y", None), P(), P()))]
+  fn = lambda *a: jaxgemm.scaled_matmul(*a, out_dtype=F32, backend="xla")
+  with pytest.raises((ValueError, jax.errors.JaxRuntimeError),
+                     match=r"K is sharded .* into 80 per device.*multiples of 128"):
+    jax.jit(fn).lower(*placed).compile()
