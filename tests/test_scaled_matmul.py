@@ -19,7 +19,6 @@ times |ref|), which ACC_TOL rejects at the K the accumulation test runs.
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp

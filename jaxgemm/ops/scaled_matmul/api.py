@@ -38,7 +38,7 @@ def _check_operand(x, name: str) -> None:
 
 
 def _scale_kind(scale, name: str, batch: tuple[int, ...], kinds: dict, transposed: bool,
-                what: str):
+                what: dict):
   """(kind, the scale in logical orientation) from its shape; ValueError naming `name`.
 
   kinds: kind -> the logical trailing shape it must have; transposed: the operand is
@@ -75,7 +75,8 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
     a: (..., M, K) in float8_e4m3fn or float8_e5m2; (..., K, M) with trans_a.
     b: (..., K, N), fp8 (either; e4m3 x e5m2 mixes); (..., N, K) with trans_b.
       Leading batch dimensions broadcast as in jnp.matmul; a b with none (a
-      weight) is shared by every batch entry, not copied.
+      weight) is shared by every batch entry, not copied (with trans_a=False:
+      a transposed a keeps its batch, and b is broadcast to it).
     a_scale, b_scale: float32, shaped as `jaxgemm.quantize` returns them for the
       operand as stored (so a transposed operand's scale is transposed too):
 
@@ -110,7 +111,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
     >>> x8, sx = jaxgemm.quantize(x, block=(1, 128))
     >>> w8, sw = jaxgemm.quantize(w, block=(128, 128))
     >>> y = jaxgemm.scaled_matmul(x8, w8, sx, sw, out_dtype=jnp.float32, backend="xla")
-    >>> y.shape, float(y[0, 0])
+    >>> y.shape, round(float(y[0, 0]), 3)
     ((4, 8), 128.0)
   """
   a, b = jnp.asarray(a), jnp.asarray(b)
