@@ -91,8 +91,9 @@ def test_scale_kinds_dtypes_and_out_dtypes(kernel, case, rng):
   """Every scale kind (and their mixes), fp8 dtype pairing and out dtype, on ragged
   M, K, N (none a multiple of 128: partial blocks along K and N)."""
   ka, kb, da, db, out_dtype = case
-  a, sa, a64 = operands(rng, (70, 300), da, A_BLOCK[ka])
-  b, sb, b64 = operands(rng, (300, 200), db, B_BLOCK[kb])
+  spread = out_dtype != F16   # rows and columns 8x apart would overflow float16's 65504
+  a, sa, a64 = operands(rng, (70, 300), da, A_BLOCK[ka], spread)
+  b, sb, b64 = operands(rng, (300, 200), db, B_BLOCK[kb], spread)
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, **kernel.kw)
   check(out, *reference(a64, b64), out_dtype, f"{case}")
 
@@ -199,6 +200,19 @@ def test_jit_and_vmap(kernel, rng):
   out = jax.vmap(jax.vmap(f, in_axes=(0, None, 0, None)), in_axes=(0, None, 0, None))(
       a.reshape(2, 2, 20, 260), b, sa.reshape(2, 2, 20, 3), sb)
   check(out, *reference(a64.reshape(2, 2, 20, 260), b64), F32, "nested vmap")
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
+def test_vmap_transposed(kernel, kind, rng):
+  """vmap over a stored transposed (its mapped axis joins M after K), b transposed too."""
+  a_block = {"tensor": None, "row_col": (None, 1), "block": (128, 1)}[kind]
+  b_block = {"tensor": None, "row_col": (1, None), "block": (128, 128)}[kind]
+  a, sa, a64 = operands(rng, (3, 260, 40), E4M3, a_block)   # each entry stored (K, M)
+  b, sb, b64 = operands(rng, (136, 260), E5M2, b_block)     # stored (N, K)
+  f = lambda a, sa: jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_a=True,
+                                          trans_b=True, **kernel.kw)
+  out = jax.vmap(f, in_axes=(0, None if kind == "tensor" else 0))(a, sa)
+  check(out, *reference(np.swapaxes(a64, -1, -2), b64.T), F32)
 
 
 def test_not_differentiable_names_the_training_path(kernel):
