@@ -339,3 +339,11 @@ def test_quantize_bad_arguments():
     jaxgemm.quantize(jnp.ones(8), block=(1, 128))
   with pytest.raises(TypeError, match="floating x"):
     jaxgemm.quantize(jnp.ones((2, 2), jnp.int32))
+
+
+def test_problems_in_finds_it_and_no_backward():
+  """The tuner's default (backward=True) skips an op with no derivative instead of failing."""
+  a, b = jnp.ones((64, 256), jnp.float8_e4m3fn), jnp.ones((256, 64), jnp.float8_e4m3fn)
+  s = jnp.ones((), jnp.float32)
+  found = jaxgemm.problems_in(lambda a, b: jaxgemm.scaled_matmul(a, b, s, s), a, b)
+  assert [p.op for p in found] == ["scaled_matmul"]
