@@ -33,17 +33,17 @@ nonlinear epilogue: partial sums cannot go through an activation).
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
-from jaxgemm import dispatch, registry, sharding
-from jaxgemm.ops import activations
+from jaxgemm import registry, sharding
+from jaxgemm.ops import activations, rules
+from jaxgemm.ops.rules import moved
 from jaxgemm.ops.base import Op, normal_operands
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
 from jaxgemm.ops.matmul import primitive as matmul_primitive
@@ -123,38 +123,6 @@ def _abstract_eval(a, b, *extras, **params):
       preferred_element_type=None, out_sharding=None)
   out = out.update(dtype=problem.out_dtype, weak_type=False)
   return [out] * problem.num_outputs
-
-
-def _lower_choice(ctx, operands, problem, choice: dispatch.Choice, platform):
-  impl = registry.get_backend(choice.backend, problem.op).impl(
-      problem, choice.variant, choice.config, platform)
-  canonical = (problem.a_shape, problem.b_shape, *problem.extra_shapes)
-  out_shape = ctx.avals_out[0].shape
-
-  def as_3d(*operands):   # merging each group of dimensions is a bitcast
-    outs = impl(*(x.reshape(s) for x, s in zip(operands, canonical)))
-    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    return [y.reshape(out_shape) for y in outs]
-
-  return mlir.lower_fun(as_3d, multiple_results=True)(ctx, *operands)
-
-
-def _lowering(ctx, *operands, platform, **params):
-  problem = problem_of(*ctx.avals_in, **params)
-  plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
-  ctx = ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
-  if problem.is_empty:   # K = 0 (or nothing to store): XLA's formula handles it
-    choice = dispatch.choose(problem, dispatch.FALLBACK, platform=platform)
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                           platform=platform)
-  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  try:
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  except Exception as e:  # noqa: BLE001 (auto must compute what the jnp expression computes)
-    return _lower_choice(ctx, operands, problem, dispatch.fall_back(problem, choice, e, platform),
-                         platform)
 
 
 def _impl(*args, **params):
@@ -298,13 +266,6 @@ def _gated_transpose(cts, a, b, z, **params):
 
 # ---------------------------------------------------------------- batching
 
-def _moved(x, d, to, size):
-  """`x` with its mapped axis `d` at `to`, or broadcast to have one of `size` there."""
-  if d is None:
-    return jnp.broadcast_to(jnp.expand_dims(x, to), (*x.shape[:to], size, *x.shape[to:]))
-  return jnp.moveaxis(x, d, to)
-
-
 def _batch_rule(args, dims, **params):
   """vmap: a mapped A (with its residual or gate) joins M, reusing B unbroadcast;
   anything else becomes a leading batch dimension (unmapped operands broadcast,
@@ -319,30 +280,31 @@ def _batch_rule(args, dims, **params):
   bias_mapped = any(d is not None for k, d in zip(kinds, dextras) if k == "bias")
   if da is not None and db is None and gate != "rhs" and not bias_mapped:
     a = jnp.moveaxis(a, da, nb + (nk if trans_a else 0))   # the front of a's M group
-    moved = []
+    new_extras = []
     for kind, x, d in zip(kinds, extras, dextras):
       if kind == "bias":
-        moved.append(x)
+        new_extras.append(x)
       elif gate == "lhs":
-        moved.append(_moved(x, d, nb + (nk if trans_a else 0), size))
+        new_extras.append(moved(x, d, nb + (nk if trans_a else 0), size))
       else:   # the residual, or an out gate: shaped like the output
-        moved.append(_moved(x, d, nb, size))
-    outs = fused_matmul_p.bind(a, b, *moved, **{**params, "ndims": (nb, nm + 1, nk, nn)})
+        new_extras.append(moved(x, d, nb, size))
+    outs = fused_matmul_p.bind(a, b, *new_extras,
+                               **{**params, "ndims": (nb, nm + 1, nk, nn)})
     return outs, [nb] * len(outs)
-  a, b = _moved(a, da, 0, size), _moved(b, db, 0, size)
-  moved, bias_kind = [], params["bias"]
+  a, b = moved(a, da, 0, size), moved(b, db, 0, size)
+  new_extras, bias_kind = [], params["bias"]
   for kind, x, d in zip(kinds, extras, dextras):
     if kind == "bias" and d is None and bias_kind == "shared":
-      moved.append(x)
+      new_extras.append(x)
     elif kind == "bias" and bias_kind == "shared":   # mapped: one bias per new batch entry
       x = jnp.moveaxis(x, d, 0)   # (size, *N)
       batch = a.shape[1:1 + nb]
-      moved.append(lax.broadcast_in_dim(x, (size, *batch, *x.shape[1:]),
+      new_extras.append(lax.broadcast_in_dim(x, (size, *batch, *x.shape[1:]),
                                         (0, *range(nb + 1, nb + x.ndim))))
       bias_kind = "batched"
     else:
-      moved.append(_moved(x, d, 0, size))
-  outs = fused_matmul_p.bind(a, b, *moved, **{**params, "ndims": (nb + 1, nm, nk, nn),
+      new_extras.append(moved(x, d, 0, size))
+  outs = fused_matmul_p.bind(a, b, *new_extras, **{**params, "ndims": (nb + 1, nm, nk, nn),
                                               "bias": bias_kind})
   return outs, [0] * len(outs)
 
@@ -380,7 +342,9 @@ ad.primitive_transposes[fused_matmul_p] = _gated_transpose
 batching.primitive_batchers[fused_matmul_p] = _batch_rule
 fused_matmul_local_p = sharding.make_partitionable(
     fused_matmul_p, sharding_rule,
-    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")})
+    {platform: rules.kernel_lowering(
+        problem_of, lambda p: (p.a_shape, p.b_shape, *p.extra_shapes), platform=platform,
+        multiple_results=True) for platform in ("cuda", "cpu")})
 
 
 def _call(problem: FusedMatmulProblem, a, b, *extras, backend, variant, config):

@@ -20,19 +20,18 @@ JVP, batching (a mapped X joins M), sharding (K whole: the gate is nonlinear).
 
 from __future__ import annotations
 
-import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
-from jaxgemm import dispatch, registry, sharding
-from jaxgemm.ops import activations
+from jaxgemm import registry, sharding
+from jaxgemm.ops import activations, rules
 from jaxgemm.ops.base import Op, normal_operands
-from jaxgemm.ops.fused_matmul.primitive import _bias_to_out, _is_zero, _moved, _sum
+from jaxgemm.ops.fused_matmul.primitive import _bias_to_out, _is_zero, _sum
+from jaxgemm.ops.rules import moved
 from jaxgemm.ops.glu.problem import GluProblem
 from jaxgemm.ops.matmul import primitive as matmul_primitive
 
@@ -87,38 +86,6 @@ def _abstract_eval(x, w_gate, w_up, *biases, **params):
   return [out.update(dtype=problem.out_dtype, weak_type=False)] * problem.num_outputs
 
 
-def _lower_choice(ctx, operands, problem, choice: dispatch.Choice, platform):
-  impl = registry.get_backend(choice.backend, problem.op).impl(
-      problem, choice.variant, choice.config, platform)
-  canonical = (problem.a_shape, problem.b_shape, problem.b_shape, *problem.extra_shapes)
-  out_shape = ctx.avals_out[0].shape
-
-  def as_3d(*operands):
-    outs = impl(*(x.reshape(s) for x, s in zip(operands, canonical)))
-    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
-    return [y.reshape(out_shape) for y in outs]
-
-  return mlir.lower_fun(as_3d, multiple_results=True)(ctx, *operands)
-
-
-def _lowering(ctx, *operands, platform, **params):
-  problem = problem_of(*ctx.avals_in, **params)
-  plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
-  ctx = ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
-  if problem.is_empty:
-    choice = dispatch.choose(problem, dispatch.FALLBACK, platform=platform)
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                           platform=platform)
-  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  try:
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  except Exception as e:  # noqa: BLE001 (auto must compute what the jnp expression computes)
-    return _lower_choice(ctx, operands, problem, dispatch.fall_back(problem, choice, e, platform),
-                         platform)
-
-
 def _impl(*args, **params):
   from jax._src import dispatch as jax_dispatch  # noqa: PLC0415 (eager path for primitives)
   return jax_dispatch.apply_primitive(glu_p, *args, **params)
@@ -160,24 +127,24 @@ def _batch_rule(args, dims, **params):
     x = jnp.moveaxis(x, dx, nb + (nk if params["trans_a"] else 0))
     outs = glu_p.bind(x, w_gate, w_up, *biases, **{**params, "ndims": (nb, nm + 1, nk, nn)})
     return outs, [nb] * len(outs)
-  x, w_gate, w_up = (_moved(a, d, 0, size) for a, d in ((x, dx), (w_gate, dwg), (w_up, dwu)))
+  x, w_gate, w_up = (moved(a, d, 0, size) for a, d in ((x, dx), (w_gate, dwg), (w_up, dwu)))
   bias_kind = params["bias"]
   if bias_kind == "shared" and all(d is None for d in dbiases):
-    moved = biases
+    new_extras = biases
   elif bias_kind:
     batch = x.shape[1:1 + nb]
-    moved = []
+    new_extras = []
     for bias, d in zip(biases, dbiases):
       if bias_kind == "shared":   # (N,) or mapped (V, N) -> (V, *batch, N)
         bias = bias[None] if d is None else jnp.moveaxis(bias, d, 0)
-        moved.append(lax.broadcast_in_dim(bias, (size, *batch, bias.shape[-1]),
+        new_extras.append(lax.broadcast_in_dim(bias, (size, *batch, bias.shape[-1]),
                                           (0, nb + 1)))
       else:
-        moved.append(_moved(bias, d, 0, size))
+        new_extras.append(moved(bias, d, 0, size))
     bias_kind = "batched"
   else:
-    moved = []
-  outs = glu_p.bind(x, w_gate, w_up, *moved, **{**params, "ndims": (nb + 1, nm, nk, nn),
+    new_extras = []
+  outs = glu_p.bind(x, w_gate, w_up, *new_extras, **{**params, "ndims": (nb + 1, nm, nk, nn),
                                                 "bias": bias_kind})
   return outs, [0] * len(outs)
 
@@ -201,7 +168,9 @@ ad.primitive_jvps[glu_p] = _jvp
 batching.primitive_batchers[glu_p] = _batch_rule
 glu_local_p = sharding.make_partitionable(
     glu_p, sharding_rule,
-    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")})
+    {platform: rules.kernel_lowering(
+        problem_of, lambda p: (p.a_shape, p.b_shape, p.b_shape, *p.extra_shapes),
+        platform=platform, multiple_results=True) for platform in ("cuda", "cpu")})
 
 
 def _call(problem: GluProblem, *operands, backend, variant, config):

@@ -27,7 +27,6 @@ local K (N) that is a multiple of 128 or divides 128; other splits raise.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -35,10 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
-from jaxgemm import dispatch, registry, sharding
+from jaxgemm import registry, sharding
+from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op
+from jaxgemm.ops.rules import moved
 from jaxgemm.ops.matmul import primitive as matmul_primitive
 from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_DTYPE,
                                                SCALE_KINDS, ScaledMatmulProblem, blocks)
@@ -122,36 +123,6 @@ def _abstract_eval(a, b, a_scale, b_scale, **params):
   return out.update(dtype=problem.out_dtype, weak_type=False)
 
 
-def _lower_choice(ctx, operands, problem, choice: dispatch.Choice, platform):
-  impl = registry.get_backend(choice.backend, problem.op).impl(
-      problem, choice.variant, choice.config, platform)
-  canonical = (problem.a_shape, problem.b_shape, problem.a_scale_shape, problem.b_scale_shape)
-  out_shape = ctx.avals_out[0].shape
-
-  def as_3d(*operands):   # merging each group of dimensions is a bitcast
-    return impl(*(x.reshape(s) for x, s in zip(operands, canonical))).reshape(out_shape)
-
-  return mlir.lower_fun(as_3d, multiple_results=False)(ctx, *operands)
-
-
-def _lowering(ctx, *operands, platform, **params):
-  problem = problem_of(*ctx.avals_in, **params)
-  plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
-  ctx = ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
-  if problem.is_empty:   # nothing to multiply or store: XLA's program handles it
-    choice = dispatch.choose(problem, dispatch.FALLBACK, platform=platform)
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                           platform=platform)
-  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  try:
-    return _lower_choice(ctx, operands, problem, choice, platform)
-  except Exception as e:  # noqa: BLE001 (auto must compute what XLA's program computes)
-    return _lower_choice(ctx, operands, problem, dispatch.fall_back(problem, choice, e, platform),
-                         platform)
-
-
 def _impl(*args, **params):
   from jax._src import dispatch as jax_dispatch  # noqa: PLC0415 (eager path for primitives)
   return jax_dispatch.apply_primitive(scaled_matmul_p, *args, **params)
@@ -171,13 +142,6 @@ def _jvp(primals, tangents, **params):
 # ---------------------------------------------------------------- batching
 
 
-def _moved(x, d, to, size):
-  """`x` with its mapped axis `d` at `to`, or broadcast to have one of `size` there."""
-  if d is None:
-    return jnp.broadcast_to(jnp.expand_dims(x, to), (*x.shape[:to], size, *x.shape[to:]))
-  return jnp.moveaxis(x, d, to)
-
-
 def _batch_rule(args, dims, **params):
   """vmap: a mapped a (with its scale) joins M, reusing b and b_scale unbroadcast;
   otherwise the mapped axis becomes a leading batch dimension (unmapped operands
@@ -192,10 +156,10 @@ def _batch_rule(args, dims, **params):
   if da is not None and db is None and dsb is None and not tensor_mapped:
     a = jnp.moveaxis(a, da, nb + (1 if trans_a else 0))   # the front of a's M group
     if kind != "tensor":
-      a_scale = _moved(a_scale, dsa, nb, size)
+      a_scale = moved(a_scale, dsa, nb, size)
     out = scaled_matmul_p.bind(a, b, a_scale, b_scale, **{**params, "ndims": (nb, nm + 1, 1, 1)})
     return out, nb
-  a, b = _moved(a, da, 0, size), _moved(b, db, 0, size)
+  a, b = moved(a, da, 0, size), moved(b, db, 0, size)
   if tensor_mapped:
     shapes = scale_shapes(a.shape, b.shape, **{**params, "ndims": (nb + 1, nm, 1, 1),
                                                "scale_kind": "row_col"})
@@ -205,7 +169,7 @@ def _batch_rule(args, dims, **params):
     b_scale = to_row_col(b_scale, dsb, shapes[1])
     kind = "row_col"
   elif kind != "tensor":
-    a_scale, b_scale = _moved(a_scale, dsa, 0, size), _moved(b_scale, dsb, 0, size)
+    a_scale, b_scale = moved(a_scale, dsa, 0, size), moved(b_scale, dsb, 0, size)
   out = scaled_matmul_p.bind(a, b, a_scale, b_scale,
                              **{**params, "ndims": (nb + 1, nm, 1, 1), "scale_kind": kind})
   return out, 0
@@ -271,7 +235,9 @@ ad.primitive_jvps[scaled_matmul_p] = _jvp
 batching.primitive_batchers[scaled_matmul_p] = _batch_rule
 scaled_matmul_local_p = sharding.make_partitionable(
     scaled_matmul_p, sharding_rule,
-    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")},
+    {platform: rules.kernel_lowering(
+        problem_of, lambda p: (p.a_shape, p.b_shape, p.a_scale_shape, p.b_scale_shape),
+        platform=platform, multiple_results=False) for platform in ("cuda", "cpu")},
     local_call=_local_call)
 
 
