@@ -21,11 +21,13 @@ from jaxgemm.ops.glu import GluProblem, glu, glu_p
 from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,
                                     RaggedDotTritonConfig, XlaRaggedDotConfig, ragged_dot,
                                     ragged_dot_general, ragged_dot_p)
-from jaxgemm.ops.scaled_matmul import ScaledMatmulProblem, quantize, scaled_matmul
+from jaxgemm.ops.scaled_matmul import (Fp8Recipe, ScaledMatmulProblem, quantize,
+                                       scaled_matmul)
 from jaxgemm.registry import backends, variants
 from jaxgemm.tuning import autotune, problems_in
 
 __all__ = [
+    "Fp8Recipe",
     "FusedMatmulProblem",
     "GemmProblem",
     "GluProblem",

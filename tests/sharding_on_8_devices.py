@@ -675,3 +675,34 @@ def test_scaled_matmul_block_scales_refuse_a_k_split_off_the_blocks(partitioner)
   with pytest.raises((ValueError, jax.errors.JaxRuntimeError),
                      match=r"K is sharded .* into 80 per device.*multiples of 128"):
     jax.jit(fn).lower(*placed).compile()
+
+
+@pytest.mark.parametrize("fp8", ["tensor", "block"])
+def test_fp8_training_path_shards_its_three_gemms(partitioner, fp8):
+  """matmul(x, w, fp8=...) under data x tensor parallelism (rows over "x", columns over
+  "y"): the forward, dgrad and wgrad GEMMs each run on local operands (M/2 rows, N/4
+  columns: the wgrad sums its row-sharded contraction), and the loss and gradients
+  equal the unsharded run's (the quantization's amaxes reduce over the whole array)."""
+  mesh = auto_mesh((2, 4), ("x", "y"))
+  r = np.random.default_rng(1)
+  m, k, n = 512, 256, 512
+  x = jnp.asarray(r.standard_normal((m, k)), jnp.bfloat16)
+  w = jnp.asarray(r.standard_normal((k, n)) / 16, jnp.bfloat16)
+  loss = lambda x, w: (jaxgemm.matmul(x, w, fp8=fp8, backend="xla").astype(F32) ** 2).sum()
+  step = jax.value_and_grad(loss, (0, 1))
+  want_loss, want_grads = jax.jit(step)(x, w)
+  placed = (jax.device_put(x, NamedSharding(mesh, P("x", None))),
+            jax.device_put(w, NamedSharding(mesh, P(None, "y"))))
+  with sharding.recording_local_problems() as seen:
+    compiled = jax.jit(step).lower(*placed).compile()
+  got_loss, got_grads = compiled(*placed)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+  # dgrad's contraction (N) is sharded: its bf16 partial sums add across "y", a few
+  # bf16 roundings (2**-8 each) of the partials, norm-wise.
+  for g, wnt in zip(got_grads, want_grads):
+    g, wnt = np.asarray(g, F32), np.asarray(wnt, F32)
+    assert np.linalg.norm(g - wnt) / np.linalg.norm(wnt) < 2.0**-7
+  local = sorted({(p.problem.m, p.problem.k, p.problem.n) for p in seen
+                  if p.op == "jaxgemm_scaled_matmul"})
+  # forward (M/2, K, N/4); dgrad dY W^T (M/2, N/4 summed over "y", K); wgrad (K, M/2, N/4)
+  assert local == sorted({(m // 2, k, n // 4), (m // 2, n // 4, k), (k, m // 2, n // 4)}), local

@@ -21,7 +21,11 @@ from jaxgemm.ops.matmul import api as matmul_api
 
 def reference(a, b, bias, activation, residual, **matmul_kwargs):
   """The jnp expression fused_matmul computes (what backend="auto" falls back to)."""
-  y = jnp.matmul(a, b, **matmul_kwargs)
+  return reference_epilogue(jnp.matmul(a, b, **matmul_kwargs), bias, activation, residual)
+
+
+def reference_epilogue(y, bias, activation, residual):
+  """`activation(y + bias) + residual` in XLA ops (None: left out)."""
   if bias is not None:
     y = y + bias
   y = activations.apply(activation, y)

@@ -119,7 +119,7 @@ def _problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b, precision):
                      precision), None
 
 
-def matmul(a, b, *, bias=None, activation: str | None = None, residual=None,
+def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8=None,
            precision=None, preferred_element_type=None, out_sharding=None,
            backend: str = "auto", variant: str | None = None,
            config: KernelConfig | None = None) -> jax.Array:
@@ -136,6 +136,11 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None,
       With any of the three, the kernel applies them to its fp32 accumulator
       before its one store, and its gradient applies the activation's
       derivative inside the backward GEMMs (`jaxgemm.ops.fused_matmul`).
+    fp8: None, or an FP8 training recipe: "tensor", "block" or a
+      `jaxgemm.Fp8Recipe`. The forward GEMM and the backward's dgrad and wgrad
+      GEMMs then run in FP8 (`jaxgemm.scaled_matmul`) on operands quantized on
+      the fly (`jaxgemm.ops.scaled_matmul.training`); b must be 2-D (K, N), and
+      an epilogue runs as XLA ops after the GEMM.
     precision: None, a `lax.Precision` (or its name) or a pair of them. For
       float32 operands, DEFAULT uses TF32 tensor cores on GPU and HIGHEST (or
       HIGH) exact fp32.
@@ -160,12 +165,19 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None,
     >>> jax.grad(lambda a: jaxgemm.matmul(a, b).sum())(a).shape
     (4, 8, 16)
     >>> y = jaxgemm.matmul(a, b, bias=jnp.zeros(32), activation="gelu", backend="xla")
+    >>> y8 = jaxgemm.matmul(a, b, fp8="block", backend="xla")   # FP8 GEMMs, forward and VJP
   """
   a, b = jnp.asarray(a), jnp.asarray(b)
   for i, x in enumerate((a, b)):
     if x.ndim < 1:
       raise ValueError(f"matmul input operand {i} must have ndim at least 1, "
                        f"but it has ndim {x.ndim}")
+  if fp8 is not None:
+    from jaxgemm.ops.scaled_matmul import training  # noqa: PLC0415 (imports this module)
+    return training.matmul(
+        a, b, fp8, bias=bias, activation=activation, residual=residual, precision=precision,
+        preferred_element_type=preferred_element_type, out_sharding=out_sharding,
+        backend=backend, variant=variant, config=config)
   if bias is not None or activation is not None or residual is not None:
     from jaxgemm.ops.fused_matmul import api as fused_api  # noqa: PLC0415 (it imports this module)
     return fused_api.fused_matmul(

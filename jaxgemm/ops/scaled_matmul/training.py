@@ -1,0 +1,202 @@
+"""The FP8 training path: `jaxgemm.matmul(x, w, fp8=recipe)` on bf16 (or f16/f32) values.
+
+Every call quantizes its operands on the fly (current scaling: each scale from
+the amax of the values at hand, no history) and runs three FP8 GEMMs through
+`scaled_matmul`, one forward and two in the VJP, for Y = X W with X (M, K)
+(leading dimensions join M) and W (K, N):
+
+    forward  Y  = (X8 * sx) @ (W8 * sw)                      scaled_matmul(x8, w8, sx, sw)
+    dgrad    dX = (dY8 * sdy) @ (W8 * sw)^T                  ... (dy8, w8, sdy, sw, trans_b=True)
+    wgrad    dW = (X8' * sx')^T @ (dY8' * sdy')              ... (x8', dy8', sx', sdy', trans_a=True)
+
+The backward reuses the forward's W8 and sw (W^T in K-major order is W's own
+storage, `trans_b`). How the scales cover the operands is the recipe's:
+
+    scaling    X (forward)   W           dY (dgrad)   X' (wgrad)    dY' (wgrad)
+    "tensor"   one scale     one         one          X8, sx        dY8, sdy
+    "block"    1x128         128x128     1x128        128x1         128x128
+
+With block scales, the wgrad's operands are blocked along M, its contraction,
+so X and dY are quantized a second time in those blocks (the DeepSeek-V3
+recipe quantizes its wgrad inputs along the contraction too); the forward
+saves X itself (in its own dtype) for that, where the per-tensor recipe saves
+X8 and sx (one byte per element).
+
+Gradients come out in the primals' dtypes, the result in `out_dtype` (the
+promoted input dtype, as jnp.matmul's). jit, grad (first order; the VJP is a
+`jax.custom_vjp`, so forward-mode `jax.jvp` is not defined) and vmap (through
+`scaled_matmul_p`'s batching rule) apply; a sharded X or W shards the GEMMs as
+`scaled_matmul` does, and per-tensor amaxes reduce over the whole array under
+`jit` (XLA inserts the collective).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgemm.ops.scaled_matmul.api import scaled_matmul
+from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, OUT_DTYPES
+from jaxgemm.ops.scaled_matmul.quantize import quantize
+
+SCALINGS = ("tensor", "block")
+E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Recipe:
+  """How `jaxgemm.matmul(x, w, fp8=recipe)` quantizes its GEMMs' operands.
+
+  Attributes:
+    scaling: "tensor" (one scale per operand) or "block" (1x128 activation and
+      gradient blocks, 128x128 weight blocks: the DeepSeek-V3 recipe; see
+      `jaxgemm.ops.scaled_matmul.training`).
+    dtype: the fp8 type of X and W (float8_e4m3fn: 3 mantissa bits, max 448).
+    grad_dtype: the fp8 type of dY. float8_e5m2 (2 mantissa bits, max 57344)
+      spans the wider range a gradient needs under one per-tensor scale; with
+      block scales each block has its own range, and e4m3's extra bit wins.
+    backend: the scaled_matmul backend of all three GEMMs ("auto", "xla",
+      "triton", "pallas").
+
+  The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
+  grad_dtype=e5m2), "block" = Fp8Recipe("block", grad_dtype=e4m3).
+
+  >>> Fp8Recipe.named("block")
+  Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', backend='auto')
+  """
+
+  scaling: str = "block"
+  dtype: str = "float8_e4m3fn"
+  grad_dtype: str = "float8_e4m3fn"
+  backend: str = "auto"
+
+  def __post_init__(self):
+    if self.scaling not in SCALINGS:
+      raise ValueError(f"Fp8Recipe's scaling={self.scaling!r} must be one of {SCALINGS}")
+    for field in ("dtype", "grad_dtype"):
+      value = getattr(self, field)
+      try:
+        name = np.dtype(value).name
+      except TypeError:
+        name = None
+      if name not in [d.name for d in FP8_DTYPES]:
+        raise TypeError(f"Fp8Recipe's {field}={value!r} must be one of "
+                        f"{[d.name for d in FP8_DTYPES]}")
+      object.__setattr__(self, field, name)   # a name: hashable, printable, serializable
+    if not isinstance(self.backend, str):
+      raise TypeError(f"Fp8Recipe's backend={self.backend!r} must be a backend name")
+
+  @classmethod
+  def named(cls, recipe) -> "Fp8Recipe":
+    """`recipe` itself, or the recipe a name ("tensor", "block") stands for."""
+    if isinstance(recipe, cls):
+      return recipe
+    if recipe == "tensor":
+      return cls("tensor", grad_dtype=E5M2.name)
+    if recipe == "block":
+      return cls("block", grad_dtype=E4M3.name)
+    raise ValueError(f"fp8={recipe!r} must be an Fp8Recipe or one of {SCALINGS}")
+
+  def blocks(self, role: str):
+    """quantize's block for each operand role (see the module docstring's table)."""
+    if self.scaling == "tensor":
+      return None
+    return {"x": (1, 128), "w": (128, 128), "dy": (1, 128),
+            "x_wgrad": (128, 1), "dy_wgrad": (128, 128)}[role]
+
+
+def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype) -> jax.Array:
+  """`x @ w` with X (..., K) and W (K, N) through three FP8 GEMMs (the module docstring).
+
+  >>> import jax, jax.numpy as jnp
+  >>> x = jnp.ones((256, 256), jnp.bfloat16); w = jnp.full((256, 128), 0.5, jnp.bfloat16)
+  >>> recipe = Fp8Recipe("tensor", backend="xla")
+  >>> float(fp8_matmul(x, w, recipe, jnp.bfloat16)[0, 0])
+  128.0
+  >>> jax.grad(lambda w: fp8_matmul(x, w, recipe, jnp.float32).sum())(w).dtype
+  dtype(bfloat16)
+  """
+  k, n = w.shape
+  y = _fp8_matmul(recipe, np.dtype(out_dtype), np.dtype(x.dtype), np.dtype(w.dtype),
+                  x.reshape(-1, k), w)
+  return y.reshape(*x.shape[:-1], n)
+
+
+def _gemm(recipe, a8, b8, sa, sb, out_dtype, **trans):
+  return scaled_matmul(a8, b8, sa, sb, out_dtype=out_dtype, backend=recipe.backend, **trans)
+
+
+def _forward(recipe, out_dtype, x_dtype, w_dtype, x, w):
+  """Y of a 2-D X, and what the backward needs (arrays only)."""
+  x8, sx = quantize(x, recipe.dtype, recipe.blocks("x"))
+  w8, sw = quantize(w, recipe.dtype, recipe.blocks("w"))
+  y = _gemm(recipe, x8, w8, sx, sw, out_dtype)
+  saved_x = (x8, sx) if recipe.scaling == "tensor" else x
+  return y, (saved_x, w8, sw)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _fp8_matmul(recipe, out_dtype, x_dtype, w_dtype, x, w):
+  return _forward(recipe, out_dtype, x_dtype, w_dtype, x, w)[0]
+
+
+def _backward(recipe, out_dtype, x_dtype, w_dtype, saved, dy):
+  saved_x, w8, sw = saved
+  grad = recipe.grad_dtype
+  dy8, sdy = quantize(dy, grad, recipe.blocks("dy"))
+  dx = _gemm(recipe, dy8, w8, sdy, sw, x_dtype, trans_b=True)
+  if recipe.scaling == "tensor":
+    (x8, sx), dyw8, sdyw = saved_x, dy8, sdy
+  else:
+    x8, sx = quantize(saved_x, recipe.dtype, recipe.blocks("x_wgrad"))
+    dyw8, sdyw = quantize(dy, grad, recipe.blocks("dy_wgrad"))
+  dw = _gemm(recipe, x8, dyw8, sx, sdyw, w_dtype, trans_a=True)
+  return dx, dw
+
+
+_fp8_matmul.defvjp(_forward, _backward)
+
+
+def matmul(a, b, fp8, *, bias=None, activation=None, residual=None, precision=None,
+           preferred_element_type=None, out_sharding=None, backend="auto", variant=None,
+           config=None) -> jax.Array:
+  """`jaxgemm.matmul(a, b, fp8=...)`: the arguments checked, then `fp8_matmul` and the
+  epilogue (bias, activation, residual) as XLA ops after it."""
+  from jaxgemm.ops.fused_matmul import api as fused_api  # noqa: PLC0415 (imports matmul's api)
+  recipe = Fp8Recipe.named(fp8)
+  if backend != "auto":
+    if recipe.backend not in ("auto", backend):
+      raise ValueError(f"backend={backend!r} and fp8's backend={recipe.backend!r} differ; "
+                       f"name the backend once")
+    recipe = dataclasses.replace(recipe, backend=backend)
+  for name, value in (("variant", variant), ("config", config), ("precision", precision),
+                      ("out_sharding", out_sharding)):
+    if value is not None:
+      raise ValueError(f"matmul with fp8={fp8!r} takes no {name} (got {name}={value!r}): "
+                       f"it runs three GEMMs of different shapes, each scaled_matmul's own "
+                       f"choice; call jaxgemm.scaled_matmul for one kernel of your choosing")
+  a, b = jnp.asarray(a), jnp.asarray(b)
+  if b.ndim != 2:
+    raise ValueError(f"matmul with fp8= takes a 2-D weight b (K, N); got b.shape={b.shape} "
+                     f"(vmap over a stack of weights instead)")
+  if a.ndim < 1 or a.shape[-1] != b.shape[0]:
+    raise ValueError(f"matmul with fp8= takes a (..., K) with K = b.shape[0] = {b.shape[0]}; "
+                     f"got a.shape={a.shape}")
+  for name, x in (("a", a), ("b", b)):
+    if not jnp.issubdtype(x.dtype, jnp.floating) or np.dtype(x.dtype) in FP8_DTYPES:
+      raise TypeError(f"matmul with fp8= quantizes floating {name} (bfloat16, float16, "
+                      f"float32) itself; got {name}.dtype={x.dtype} (for operands already "
+                      f"in fp8, call jaxgemm.scaled_matmul)")
+  out_dtype = np.dtype(preferred_element_type or jnp.result_type(a, b))
+  if out_dtype not in OUT_DTYPES:
+    raise TypeError(f"matmul with fp8= returns one of {[d.name for d in OUT_DTYPES]}; got "
+                    f"result dtype {out_dtype.name} (pass preferred_element_type)")
+  out_shape = (*a.shape[:-1], b.shape[1])
+  fused_api.check_epilogue(out_shape, out_dtype, bias, activation, residual)
+  x = a if a.ndim > 1 else a[None]
+  y = fp8_matmul(x, b, recipe, out_dtype).reshape(out_shape)
+  return fused_api.reference_epilogue(y, bias, activation, residual)

@@ -1,0 +1,159 @@
+"""The FP8 training path, `jaxgemm.matmul(x, w, fp8=recipe)`, on every scaled_matmul backend.
+
+Each GEMM of the path (forward, dgrad, wgrad) is checked against the float64
+product of its operands as the recipe quantizes them (`jaxgemm.quantize`, tested
+in test_scaled_matmul.py, with the blocks the recipe names), at
+test_scaled_matmul's tolerance: that checks the wiring (which operand, which
+blocks, which transpose, which scale) exactly. Against the unquantized float64
+product the error is the quantization's: e4m3 rounds to 3 mantissa bits (at
+most 2**-4 relative per element, about 0.026 rms for normal data) and e5m2 to
+2 (0.052 rms); two operands' errors add in quadrature, so the relative
+Frobenius error of a product is about 0.037 (e4m3 x e4m3) and 0.058 (e5m2 x
+e4m3): QUANT_TOL allows 1.5x that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgemm
+from gemm_testing import as_f64
+from jaxgemm.ops.scaled_matmul.training import Fp8Recipe
+from test_scaled_matmul import BF16, F32, check, dequantized, reference
+
+BACKENDS = jaxgemm.backends("scaled_matmul")
+RECIPES = ["tensor", "block"]
+QUANT_TOL = {"float8_e4m3fn": 1.5 * 0.037, "float8_e5m2": 1.5 * 0.058}
+
+
+def inputs(rng, m=48, k=256, n=192, dtype=BF16, lead=()):
+  x = rng.standard_normal((*lead, m, k))
+  w = rng.standard_normal((k, n)) / np.sqrt(k)
+  dy = rng.standard_normal((*lead, m, n))
+  return (jnp.asarray(x, dtype), jnp.asarray(w, dtype), jnp.asarray(dy, dtype))
+
+
+def quantized(x, dtype, block):
+  """(the float64 dequantized values, q, scale) of x as the recipe quantizes it."""
+  q, s = jaxgemm.quantize(x, dtype, block)
+  return dequantized(q, s, block)
+
+
+def rel_err(out, ref):
+  return np.linalg.norm(as_f64(out) - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fp8", RECIPES)
+def test_forward_dgrad_wgrad_are_the_recipes_fp8_gemms(backend, fp8, rng):
+  """y, dX and dW each equal the float64 GEMM of the recipe's quantized operands."""
+  x, w, dy = inputs(rng)
+  recipe = Fp8Recipe.named(fp8)
+  f = jax.jit(lambda x, w: jaxgemm.matmul(x, w, fp8=fp8, backend=backend))
+  y, vjp = jax.vjp(f, x, w)
+  dx, dw = jax.jit(vjp)(dy)
+  assert (y.dtype, dx.dtype, dw.dtype) == (BF16, BF16, BF16)
+  x64 = quantized(x, recipe.dtype, recipe.blocks("x"))
+  w64 = quantized(w, recipe.dtype, recipe.blocks("w"))
+  dy64 = quantized(dy, recipe.grad_dtype, recipe.blocks("dy"))
+  xw64 = quantized(x, recipe.dtype, recipe.blocks("x_wgrad"))
+  dyw64 = quantized(dy, recipe.grad_dtype, recipe.blocks("dy_wgrad"))
+  check(y, *reference(x64, w64), BF16, "forward")
+  check(dx, *reference(dy64, w64.T), BF16, "dgrad")
+  check(dw, *reference(xw64.T, dyw64), BF16, "wgrad")
+  # And near the unquantized products, within the quantization's error.
+  xf, wf, dyf = as_f64(x), as_f64(w), as_f64(dy)
+  assert rel_err(y, xf @ wf) < QUANT_TOL[recipe.dtype]
+  assert rel_err(dx, dyf @ wf.T) < QUANT_TOL[recipe.grad_dtype]
+  assert rel_err(dw, xf.T @ dyf) < QUANT_TOL[recipe.grad_dtype]
+
+
+@pytest.mark.parametrize("fp8", RECIPES)
+def test_batched_x_and_1d_x_join_m(fp8, rng):
+  """Leading dimensions of x join M (one quantization over all rows); a 1-D x is one row."""
+  x, w, dy = inputs(rng, m=8, lead=(2, 3))
+  y = jaxgemm.matmul(x, w, fp8=fp8, backend="xla")
+  flat = jaxgemm.matmul(x.reshape(-1, x.shape[-1]), w, fp8=fp8, backend="xla")
+  np.testing.assert_array_equal(y.reshape(flat.shape), flat)
+  dx = jax.grad(lambda x: (jaxgemm.matmul(x, w, fp8=fp8).astype(F32) * dy).sum())(x)
+  assert dx.shape == x.shape and dx.dtype == x.dtype
+  v = jaxgemm.matmul(x[0, 0, 0], w, fp8=fp8, backend="xla")
+  assert v.shape == (w.shape[1],)
+  np.testing.assert_array_equal(v, jaxgemm.matmul(x[0, 0, :1], w, fp8=fp8, backend="xla")[0])
+
+
+@pytest.mark.parametrize("fp8", RECIPES)
+def test_vmap_quantizes_each_entry(fp8, rng):
+  """vmap over x (or w) runs the function per entry: each entry its own scales."""
+  x, w, dy = inputs(rng, m=16, lead=(3,))
+  f = lambda x, w: jaxgemm.matmul(x, w, fp8=fp8, backend="xla")
+  out = jax.vmap(f, in_axes=(0, None))(x, w)
+  for i in range(3):
+    np.testing.assert_array_equal(out[i], f(x[i], w))
+  ws = jnp.stack([w, 2 * w])
+  out = jax.jit(jax.vmap(f, in_axes=(None, 0)))(x[0], ws)
+  np.testing.assert_array_equal(out[1], f(x[0], ws[1]))
+  g = jax.vmap(jax.grad(lambda w, x: f(x, w).astype(F32).sum()), in_axes=(None, 0))(w, x)
+  np.testing.assert_array_equal(g[2], jax.grad(lambda w: f(x[2], w).astype(F32).sum())(w))
+
+
+@pytest.mark.parametrize("dtype", [np.dtype(np.float16), F32])
+def test_input_dtypes_give_their_gradients(dtype, rng):
+  x, w, dy = inputs(rng, dtype=dtype)
+  y, vjp = jax.vjp(lambda x, w: jaxgemm.matmul(x, w, fp8="tensor", backend="xla"), x, w)
+  dx, dw = vjp(dy)
+  assert (y.dtype, dx.dtype, dw.dtype) == (dtype,) * 3
+  y32 = jaxgemm.matmul(x, w, fp8="block", preferred_element_type=F32, backend="xla")
+  assert y32.dtype == F32
+  assert rel_err(y32, as_f64(x) @ as_f64(w)) < QUANT_TOL["float8_e4m3fn"]
+
+
+def test_epilogue_runs_after_the_fp8_gemm(rng):
+  """bias, activation and residual apply to the FP8 GEMM's result (and differentiate)."""
+  x, w, dy = inputs(rng)
+  b = jnp.asarray(rng.standard_normal(w.shape[1]), BF16)
+  y = jaxgemm.matmul(x, w, fp8="block", bias=b, activation="gelu", residual=dy, backend="xla")
+  plain = jaxgemm.matmul(x, w, fp8="block", backend="xla")
+  np.testing.assert_array_equal(y, jax.nn.gelu(plain + b) + dy)
+  gb = jax.grad(lambda b: jaxgemm.matmul(x, w, fp8="block", bias=b, activation="relu")
+                .astype(F32).sum())(b)
+  assert gb.shape == b.shape and bool(jnp.all(jnp.isfinite(gb)))
+
+
+def test_recipes():
+  assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2)
+  assert Fp8Recipe.named("block").grad_dtype == "float8_e4m3fn"
+  recipe = Fp8Recipe("block", dtype=jnp.float8_e5m2)
+  assert recipe.dtype == "float8_e5m2" and hash(recipe) == hash(dataclasses.replace(recipe))
+  assert Fp8Recipe.named(recipe) is recipe
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda x, w: jaxgemm.matmul(x, w, fp8="rows"), ValueError, "fp8='rows' must be"),
+    (lambda x, w: Fp8Recipe("rows"), ValueError, "scaling='rows' must be one of"),
+    (lambda x, w: Fp8Recipe(dtype=jnp.bfloat16), TypeError, "dtype=.* must be one of"),
+    (lambda x, w: jaxgemm.matmul(x, w[None], fp8="block"), ValueError, "2-D weight b"),
+    (lambda x, w: jaxgemm.matmul(x[:, :7], w, fp8="block"), ValueError, r"a \(\.\.\., K\)"),
+    (lambda x, w: jaxgemm.matmul(x.astype(jnp.float8_e4m3fn), w, fp8="block"), TypeError,
+     "a.dtype=float8_e4m3fn"),
+    (lambda x, w: jaxgemm.matmul(x.astype(jnp.int8), w, fp8="block"), TypeError, "a.dtype=int8"),
+    (lambda x, w: jaxgemm.matmul(x, w, fp8="block", variant="blocked"), ValueError,
+     "takes no variant"),
+    (lambda x, w: jaxgemm.matmul(x, w, fp8="block", precision="highest"), ValueError,
+     "takes no precision"),
+    (lambda x, w: jaxgemm.matmul(x, w, fp8=Fp8Recipe(backend="xla"), backend="triton"),
+     ValueError, "name the backend once"),
+    (lambda x, w: jaxgemm.matmul(x, w, fp8="block", preferred_element_type=jnp.int32),
+     TypeError, "preferred_element_type"),
+    (lambda x, w: jaxgemm.matmul(x, w, fp8="block", bias=jnp.zeros(3, BF16)), ValueError,
+     "bias must have shape"),
+])
+def test_bad_arguments_are_named(call, error, match, rng):
+  x, w, _ = inputs(rng, m=4)
+  with pytest.raises(error, match=match):
+    call(x, w)
