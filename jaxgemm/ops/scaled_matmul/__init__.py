@@ -2,6 +2,8 @@
 
     api.py        scaled_matmul (the public function: checks, scale kinds, layout)
     quantize.py   quantize(x, dtype, block) -> (q, scale) in the shapes scaled_matmul takes
+    training.py   the FP8 training path: matmul(x, w, fp8=recipe), Fp8Recipe (forward,
+                  dgrad and wgrad as scaled_matmul GEMMs, quantized on the fly)
     problem.py    ScaledMatmulProblem: one scaled_matmul_p call (fp8 dtypes, scale kind)
     primitive.py  scaled_matmul_p and its rules: abstract eval, lowering through
                   jaxgemm.dispatch, batching, sharding (block scales sliced per device)
@@ -12,11 +14,11 @@ Scale kinds: per tensor (shapes () and ()), per row of a and column of b
 ((M, 1), (1, N)), and blocks (1x128 of a, (M, ceil(K/128)); 128x128 of b,
 (ceil(K/128), ceil(N/128))), the products summed in fp32 per 128-wide K block.
 
-Differentiation: none. `scaled_matmul_p` multiplies values already quantized;
-its JVP rule raises NotImplementedError under `jax.grad`/`jax.jvp` (zero
-tangents pass), naming the FP8 training path (`jaxgemm.matmul(..., fp8=recipe)`,
-quantizing bf16 inputs on the fly with FP8 dgrad and wgrad GEMMs: the
-transposed layouts are `scaled_matmul`'s `trans_a`/`trans_b`) as future work.
+Differentiation: `scaled_matmul_p` multiplies values already quantized and has
+no derivative (its JVP rule raises under `jax.grad`/`jax.jvp`; zero tangents
+pass). Training differentiates through the bf16 values instead:
+`jaxgemm.matmul(x, w, fp8=recipe)` (training.py) quantizes them on the fly and
+runs its dgrad and wgrad GEMMs in FP8 too, through `trans_a`/`trans_b`.
 
 Kernels (Triton, Pallas Mosaic GPU) are not registered yet: only "xla".
 """
@@ -27,5 +29,6 @@ from jaxgemm.ops.scaled_matmul.api import scaled_matmul
 from jaxgemm.ops.scaled_matmul.primitive import scaled_matmul_p
 from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem
 from jaxgemm.ops.scaled_matmul.quantize import quantize
+from jaxgemm.ops.scaled_matmul.training import Fp8Recipe
 
-__all__ = ["ScaledMatmulProblem", "quantize", "scaled_matmul", "scaled_matmul_p"]
+__all__ = ["Fp8Recipe", "ScaledMatmulProblem", "quantize", "scaled_matmul", "scaled_matmul_p"]

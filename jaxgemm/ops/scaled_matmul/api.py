@@ -103,7 +103,9 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
       known), or one of `jaxgemm.backends("scaled_matmul")`.
     variant, config: a kernel of the backend and its config, as for `jaxgemm.matmul`.
 
-  Not differentiable (`jax.grad` raises): the FP8 training path is future work.
+  Not differentiable (`jax.grad` raises): to train in FP8, differentiate through
+  the bf16 values with `jaxgemm.matmul(x, w, fp8=...)`, which runs its forward,
+  dgrad and wgrad GEMMs here.
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm

@@ -46,14 +46,14 @@ from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SC
 
 scaled_matmul_p = Primitive("jaxgemm_scaled_matmul")
 
-# The message for a derivative: the FP8 training path is a later step of issue 28.
+# The message for a derivative: training goes through the bf16 values (training.py).
 NOT_DIFFERENTIABLE = (
     "jaxgemm.scaled_matmul (scaled_matmul_p) has no derivative: it multiplies fp8 values "
     "already quantized, and a gradient through them (and their scales) is not defined here. "
-    "Differentiate through the bf16 inputs instead: the FP8 training path "
-    "(`jaxgemm.matmul(..., fp8=<recipe>)`, quantizing on the fly with FP8 dgrad/wgrad GEMMs) "
-    "is future work (issue 28); until then wrap the call in jax.lax.stop_gradient or a "
-    "jax.custom_vjp of your own.")
+    "Differentiate through the bf16 inputs instead with the FP8 training path, "
+    "`jaxgemm.matmul(x, w, fp8='block')` (or 'tensor', or a jaxgemm.Fp8Recipe): it quantizes "
+    "on the fly and runs the dgrad and wgrad GEMMs in FP8 too; or wrap the call in "
+    "jax.lax.stop_gradient.")
 
 
 def scale_shapes(a_shape, b_shape, *, trans_a, trans_b, ndims, scale_kind, **_):
