@@ -1,0 +1,180 @@
+"""The `triton` backend of scaled_matmul: the FP8 kernel in `jaxgemm.kernels.triton.scaled_matmul`.
+
+One variant, `blocked`: each program owns a tile of C and walks K in 128-wide
+blocks; a block's fp8 products are summed on the tensor cores (FP8 wgmma on
+Hopper) into a fresh fp32 partial sum, which is then added to the fp32
+accumulator, times the block's scales for "block" scales:
+
+    C = round_out( sum_kb  partial_kb * a_scale[:, kb] * b_scale[kb, n // 128] )   "block"
+    C = round_out( (sum_kb partial_kb) * a_scale * b_scale )                       "tensor", "row_col"
+
+The promotion every 128 of K is DeepGEMM's: Hopper's FP8 tensor cores keep
+about 14 bits while accumulating, so no more than 128 products are summed
+there. The sm_90 PTX shows it: each block's first wgmma starts from zero
+(scale-d 0) and one add (fma for "block") per accumulator element follows the
+block (tests/test_triton_ptx.py). On the CPU the same kernel source runs in
+Triton's interpreter, which decodes fp8 exactly (no upcast needed).
+
+Layout: with `config.align_operands` (the heuristic's choice from a megabyte
+of operands up) an operand that is not K-major is transposed first and K is
+zero-padded to 16-byte rows, one XLA pass each (`scaled.laid_out` has the
+PTX evidence: every layout gets wgmma, but a non-K-major operand skips the
+cp.async pipeline through a register transpose). A row-major A (M, K) and a
+B stored (N, K) (`trans_b=True`) with K a multiple of 16 are read in place.
+
+Config: the matmul's `TritonConfig`; block_k must divide 128 (32, 64 or 128),
+split_k, tma, warp_specialize and epilogue_subtile > 1 are refused. Not
+measured on a GPU yet: `backend="auto"` keeps XLA's program (no
+`structural_win`) until a tuning record shows this kernel faster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxgemm import registry
+from jaxgemm.config import KernelConfig, within_shared_memory
+from jaxgemm.ops.matmul.triton import (ALIGN_MIN_OPERAND_BYTES, SMEM_BYTES, TritonConfig,
+                                       TritonMatmul)
+from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulProblem
+
+# Tiles, largest first: (block_m, block_n, block_k, num_warps, num_stages). The
+# kernel holds two fp32 tiles in registers (the accumulator and the block's
+# partial sum): 128x128 over 8 warps is 2 x 64 registers a thread, where
+# 128x256 would need 256 and spill. block_k = 128 is one scale block per K
+# step (4 wgmma of k32); fp8 tiles are one byte an element, so 4 stages of
+# 128x128x128 take 128 KB of the 227 KB. Not yet measured on a GPU: the
+# shapes follow DeepGEMM's (128-row blocks, 128-wide N) and the matmul's
+# smaller tiles for more programs per wave.
+_TILES = ((128, 128, 128, 8, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4))
+# The K steps tl.dot takes on fp8: wgmma's k is 32, and a step never crosses a
+# 128-wide scale block.
+BLOCK_K_CHOICES = (32, 64, 128)
+
+
+def _pow2_at_least(x: int, lo: int, hi: int) -> int:
+  p = lo
+  while p < x and p < hi:
+    p *= 2
+  return p
+
+
+def _tile_count(problem: ScaledMatmulProblem, block_m: int, block_n: int) -> int:
+  return problem.batch * -(-problem.m // block_m) * -(-problem.n // block_n)
+
+
+class TritonScaledMatmul(registry.Backend):
+  op = "scaled_matmul"
+  name = "triton"
+  # Code that decides a tuned config's speed: a change to it stales the records.
+  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.scaled_matmul",
+                    "jaxgemm.triton_call")
+  config_cls = TritonConfig
+  variants = ("blocked",)
+
+  def __init__(self, num_sms: int | None = None):
+    """num_sms: as `TritonMatmul`'s (the SMs the heuristic sizes grids for)."""
+    self._matmul = TritonMatmul(num_sms)
+
+  def for_platform(self, platform: str | None) -> "TritonScaledMatmul":
+    backend = TritonScaledMatmul()
+    backend._matmul = self._matmul.for_platform(platform)
+    return backend
+
+  def unavailable_reason(self) -> str | None:
+    return self._matmul.unavailable_reason()
+
+  def default_variant(self, problem: ScaledMatmulProblem) -> str:
+    return "blocked"
+
+  def default_config(self, problem: ScaledMatmulProblem, variant: str) -> TritonConfig:
+    """The largest tile of `_TILES` that gives the SMs one wave of programs (the
+    smallest where none does; the largest in the interpreter, which has no SMs
+    to fill), clamped to the problem: rows to the next power of two from 16
+    below 64 rows (mma.sync there: wgmma needs 64), columns from 16, K steps
+    from 32 up to 128; then fewer stages until shared memory holds them."""
+    num_sms = self._matmul.num_sms
+    for block_m, block_n, block_k, num_warps, num_stages in _TILES:
+      if _tile_count(problem, block_m, block_n) >= num_sms:
+        break
+    min_m = 64 if problem.m >= 64 else 16
+    config = TritonConfig(
+        block_m=_pow2_at_least(problem.m, min_m, block_m),
+        block_n=_pow2_at_least(problem.n, 16, block_n),
+        block_k=_pow2_at_least(problem.k, BLOCK_K_CHOICES[0], block_k),
+        num_warps=num_warps, num_stages=num_stages, group_m=8,
+        align_operands=self._worth_aligning(problem))
+    return self._within_smem(problem, config)
+
+  @staticmethod
+  def _worth_aligning(problem: ScaledMatmulProblem) -> bool:
+    """Relayout pays on large operands (matmul's ALIGN_MIN_OPERAND_BYTES: below a
+    megabyte the extra pass costs about what the GEMM does)."""
+    operand_bytes = problem.batch * (problem.m + problem.n) * problem.k   # one byte each
+    return operand_bytes >= ALIGN_MIN_OPERAND_BYTES
+
+  def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, TritonConfig]]:
+    """The heuristic's config, a 64-row tile with 4 warps (more programs), and the
+    heuristic's tile with as many stages as shared memory holds (deeper prefetch)."""
+    base = self.default_config(problem, "blocked")
+    candidates = [base,
+                  self._within_smem(problem, dataclasses.replace(
+                      base, block_m=min(base.block_m, 64), num_warps=4)),
+                  self._within_smem(problem, dataclasses.replace(base, num_stages=8))]
+    out = []
+    for config in candidates:
+      if ("blocked", config) not in out:
+        out.append(("blocked", config))
+    return out
+
+  def _within_smem(self, problem, config: TritonConfig) -> TritonConfig:
+    return within_shared_memory(config, lambda c: self._smem_bytes(c)[0], SMEM_BYTES)
+
+  @staticmethod
+  def _smem_bytes(config) -> tuple[int, str]:
+    """(bytes of shared memory the launch needs, the formula in words): num_stages
+    copies of A's and B's tiles, one byte an element (fp8)."""
+    smem = config.num_stages * (config.block_m + config.block_n) * config.block_k
+    formula = (f"num_stages={config.num_stages} x (block_m={config.block_m} + "
+               f"block_n={config.block_n}) x block_k={config.block_k} x 1 B")
+    return smem, formula
+
+  def check(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig) -> None:
+    what = f"backend='triton' variant={variant!r} (scaled_matmul)"
+    if variant not in self.variants:
+      raise ValueError(f"unknown variant={variant!r} for {what}; valid: {list(self.variants)}")
+    for name, dtype in (("a", problem.dtype), ("b", problem.b_dtype)):
+      if np.dtype(dtype) not in FP8_DTYPES:
+        raise NotImplementedError(f"{what} takes fp8 operands {[d.name for d in FP8_DTYPES]}; "
+                                  f"got {name}.dtype={np.dtype(dtype).name}")
+    if config.split_k > 1:
+      raise NotImplementedError(f"{what} does not split K; config.split_k must be 1, got "
+                                f"{config.split_k}")
+    if config.tma:
+      raise NotImplementedError(f"{what} has no TMA path; config.tma must be False")
+    if config.warp_specialize:
+      raise NotImplementedError(f"{what} is not warp-specialized; config.warp_specialize "
+                                f"must be False")
+    if config.epilogue_subtile != 1:
+      raise NotImplementedError(f"{what} stores whole tiles; config.epilogue_subtile must be "
+                                f"1, got {config.epilogue_subtile}")
+    if config.block_k not in BLOCK_K_CHOICES:
+      raise ValueError(f"{what}: {config.block_k=} must be one of {list(BLOCK_K_CHOICES)} "
+                       f"(a K step divides the {BLOCK}-wide scale block, and fp8 tensor "
+                       f"cores take 32 of K at a time)")
+    smem, formula = self._smem_bytes(config)
+    if smem > SMEM_BYTES:
+      raise ValueError(
+          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
+          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+
+  def impl(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig,
+           platform: str):
+    """fn(a, b, a_scale, b_scale) -> C on canonical operands (see `scaled_matmul_p`)."""
+    from jaxgemm.kernels.triton.scaled_matmul import scaled  # noqa: PLC0415 (needs triton)
+    return scaled.relaid_scaled_matmul(problem, config, platform)
+
+
+registry.register(TritonScaledMatmul())
