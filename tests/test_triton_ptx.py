@@ -86,3 +86,44 @@ def test_integer_arguments_are_refused(monkeypatch):
                                 dot_precision="tf32")
   with pytest.raises(TypeError, match="constexpr"):
     triton_call.call(launch, jnp.ones((1, 64, 64), jnp.float16), 64, platform="cuda")
+
+
+E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype,kind", [
+    (E4M3, E4M3, "block"), (E5M2, E5M2, "block"), (E4M3, E5M2, "block"), (E5M2, E4M3, "tensor")],
+    ids=["e4m3-block", "e5m2-block", "e4m3xe5m2-block", "e5m2xe4m3-tensor"])
+def test_scaled_matmul_launch_runs_fp8_wgmma_and_promotes(a_dtype, b_dtype, kind, monkeypatch):
+  """scaled_matmul's Triton launch, as the backend runs a 4096^3 NN problem (the
+  heuristic's config; operands relaid K-major, `scaled.laid_out`), compiles to
+  FP8 wgmma fed by cp.async, and promotes every 128 of K: each block's first
+  wgmma starts from zero (scale-d 0) and each accumulator element takes one
+  fp32 add (fma with block scales) per block. Not K-major, Triton 3.9 still
+  emits wgmma but loads that operand outside the cp.async pipeline (16 of the
+  32 cp.async left, 48 prmt), which is why the backend relays it."""
+  import re  # noqa: PLC0415
+  from jaxgemm.kernels.triton.scaled_matmul import scaled  # noqa: PLC0415
+  from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem  # noqa: PLC0415
+  from jaxgemm.ops.scaled_matmul.triton import TritonScaledMatmul  # noqa: PLC0415
+  stored = ScaledMatmulProblem(1, 4096, 4096, 4096, a_dtype, np.dtype(jnp.bfloat16),
+                               np.dtype(np.float32), False, False, None, b_dtype=b_dtype,
+                               scale_kind=kind)
+  config = TritonScaledMatmul(num_sms=132).default_config(stored, "blocked")
+  assert config.align_operands
+  problem = scaled.laid_out(stored)
+  assert (problem.trans_a, problem.trans_b) == (False, True)
+  launch = scaled.launch(problem, config, "cuda")
+  ptx = compile_like_jax_triton(launch, [a_dtype, b_dtype, np.float32, np.float32],
+                                monkeypatch)
+  names = {E4M3: "e4m3", E5M2: "e5m2"}
+  assert f"wgmma.mma_async.sync.aligned.m64n128k32.f32.{names[a_dtype]}.{names[b_dtype]}" in ptx
+  assert "mma.sync" not in ptx.replace("wgmma.mma_async.sync", "")
+  cp_async_16 = ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global")
+  assert cp_async_16 >= 16, f"only {cp_async_16} cp.async: an operand left the pipeline"
+  # wgmma's operands end "..., scale-d, imm-scale-a, imm-scale-b;": 0 starts a new sum.
+  assert re.search(r"wgmma\.mma_async[^;]*,\s*0,\s*1,\s*1;", ptx), "no wgmma starts a block"
+  per_thread = config.block_m * config.block_n // (32 * config.num_warps)
+  promotions = len(re.findall(r"\bfma\.rn\.f32" if kind == "block" else r"\badd\.(?:rn\.)?f32",
+                              ptx))
+  assert promotions >= per_thread, f"{promotions} fp32 adds for {per_thread} elements"
