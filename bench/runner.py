@@ -64,8 +64,10 @@ DEFAULT_VARIANT = "(default)"
 TOLERANCE = {name: tuning.TOLERANCE[kind] for name, kind in (
     ("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "tf32"), ("fp32-highest", "ieee"))}
 
-# Dense peaks of an H100/H200 SXM (TFLOP/s), by run dtype.
-PEAK_TFLOPS = {"bf16": 989.0, "fp16": 989.0, "fp32": 495.0, "fp32-highest": 67.0}
+# Dense peaks of an H100/H200 SXM (TFLOP/s), by run dtype; "fp8" for the fp8 suites'
+# problems (`peak_dtype`: e4m3/e5m2 operands, 1979 TFLOP/s on the datasheet).
+PEAK_TFLOPS = {"bf16": 989.0, "fp16": 989.0, "fp32": 495.0, "fp32-highest": 67.0,
+               "fp8": 1979.0}
 PEAK_DEVICES = ("H200", "H100")
 
 INPUT_DIST = ("normal(0,1) in float32 rounded to the operand dtype (numpy default_rng "
@@ -81,6 +83,14 @@ def peak_tflops(device_kind: str, dtype_name: str) -> float | None:
   if any(d in device_kind for d in PEAK_DEVICES):
     return PEAK_TFLOPS[dtype_name]
   return None
+
+
+def problem_peak(ctx: "Context", bp, dtype_name: str) -> float | None:
+  """The peak a problem's TFLOP/s are compared with: its own `peak_dtype`'s (the fp8
+  suites'), else the dtype's; None off a GPU."""
+  if not ctx.on_gpu:
+    return None
+  return peak_tflops(ctx.device_kind, getattr(bp, "peak_dtype", None) or dtype_name)
 
 
 def precision_of(dtype_name: str):
@@ -203,6 +213,10 @@ class Measured:
   def slow_key(self, backend: str, variant: str) -> tuple:
     """The key of (backend, variant) in `ctx.slow` / `ctx.call_s` (interpreted speed)."""
     return slow_key(self.op, backend, variant)
+
+  def tolerance(self, bp, dtype_name: str) -> float:
+    """The correctness gate's bound on the relative Frobenius error (`TOLERANCE`)."""
+    return TOLERANCE[dtype_name]
 
   def check_fn(self, bp, dtype_name: str) -> Callable | None:
     """The function whose results the kernels are checked against, where that is not
@@ -328,7 +342,8 @@ def base_row(ctx: Context, suite: str, kind: str, backend: str, variant: str,
       "dtype": dtype_name, "precision": P.DTYPES[dtype_name][1] or "DEFAULT",
       "status": "", "timer": ctx.timer.label, "iters": "",
       "input_dist": INPUT_DIST, "seed": ctx.seed,
-      "peak_tflops": ctx.peak or "", "copy_bw_gbps": ctx.copy_bw_gbps or "",
+      "peak_tflops": (problem_peak(ctx, bp, dtype_name) if bp is not None else ctx.peak) or "",
+      "copy_bw_gbps": ctx.copy_bw_gbps or "",
   }
   if bp is not None:
     row.update(bp.csv_fields(dtype_name))
@@ -347,7 +362,7 @@ def _metrics(ctx: Context, bp: P.BenchProblem, dtype_name: str, stats: dict,
       "time_ms_min": stats["min_ms"], "iters": stats["n"],
       "tflops": tflops, "gbps": gbps,
   }
-  peak = peak_tflops(ctx.device_kind, dtype_name) if ctx.on_gpu else None
+  peak = problem_peak(ctx, bp, dtype_name)
   if peak:
     out["pct_peak"] = 100 * tflops / peak
   if ctx.copy_bw_gbps:
@@ -502,10 +517,13 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     emit(ref_row)
     ctx.log(f"  {bp.name}: XLA reference failed: {short_error(e)}")
     return rows
-  emit(ref_row)
   check = ops.check_fn(bp, dtype_name)
   if check is not None:
-    refs = _compile_and_run(check, bufs, n_rot, ops.arity_of(bp))[1]
+    checked = _compile_and_run(check, bufs, n_rot, ops.arity_of(bp))[1]
+    # XLA's own result against the check's (its `error`): how far the reference is from it.
+    ref_row["error"] = rel_error(refs, checked)
+    refs = checked
+  emit(ref_row)
   extra, finish = ops.before_kernels(ctx, bp, dtype_name, bufs, refs, ref_compiled, n_rot,
                                      solo)
   for row in extra:
@@ -521,7 +539,7 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
       continue
     # the config recorded is the one run
     picked = choice(bp, dtype_name, backend, variant, ops)
-    row.update(rot, tolerance=TOLERANCE[dtype_name],
+    row.update(rot, tolerance=ops.tolerance(bp, dtype_name),
                config=picked.config.to_json() if picked else "",
                variant_rank=_rank(backend, variant, ops.op))
     key = ops.slow_key(backend, variant)
@@ -538,7 +556,7 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
     else:
       with Watchdog(ctx, row, f"{backend}/{variant} on {bp.name}"):
         _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled, key,
-                    ops.arity_of(bp), solo)
+                    ops.arity_of(bp), solo, tol=ops.tolerance(bp, dtype_name))
     if finish is not None:
       finish(row)
     emit(row)
@@ -547,16 +565,17 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
 
 
 def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled,
-                key, arity=2, solo_ref_ms=None):
+                key, arity=2, solo_ref_ms=None, tol=None):
   """Compile, run, check against XLA, then time one kernel (paired with XLA's
   dot, `ref_compiled`); fills `row`.
 
   key: the (backend, variant) whose interpreted speed on a CPU this call measures.
   solo_ref_ms: time the kernel alone, and compare it with this (the reference's
   median at the problem's start) instead of pairing.
+  tol: the correctness gate's bound (default: the dtype's, `TOLERANCE`).
   """
   backend, variant = row["backend"], row["variant"]
-  tol = TOLERANCE[dtype_name]
+  tol = TOLERANCE[dtype_name] if tol is None else tol
   try:
     fn = make_fn(bp, dtype_name, backend, variant)
     compiled, outs, c_s, f_s = _compile_and_run(fn, bufs, n_rot, arity)
@@ -575,7 +594,7 @@ def _run_kernel(ctx: Context, bp, dtype_name, row, make_fn, bufs, refs, n_rot, r
     if not (err <= tol):   # also catches nan
       row.update(status=STATUS_FAIL,
                  note=f"wrong result: relative Frobenius error {err:.3g} "
-                      f"> tolerance {tol:g} against XLA; not timed")
+                      f"> tolerance {tol:g} against the reference; not timed")
       return
     budget = ctx.cpu_call_budget_s
     if not ctx.on_gpu and budget < f_s / n_rot <= 3 * budget:
