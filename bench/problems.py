@@ -655,6 +655,167 @@ EPILOGUE_SUITES: dict[str, list[EpilogueProblem]] = {
 }
 
 
+# ---------------------------------------------------------------- fp8 (issue 28)
+# `scaled_matmul`: C = (op(A) * a_scale) @ (op(B) * b_scale) of fp8 operands, accumulated in
+# fp32, stored in bf16, with one scale per tensor ("tensor") or in blocks ("block": 1x128
+# blocks of A along K, 128x128 blocks of B, the DeepSeek-V3 recipe), against XLA's program
+# of the same scaled product (bench/fp8.py). m, k, n are the GEMM's own: a layer's dgrad
+# (dX = dY W^T, W stored (K_layer, N_layer): trans_b) and wgrad (dW = X^T dY, X stored
+# (tokens, K_layer): trans_a) swap them as the `backward` suite's problems do.
+
+FP8_NAMES = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Problem:
+  suite: str
+  name: str
+  layer: str              # the forward shape's name: its dgrad and wgrad share it
+  scaling: str            # "tensor" or "block" (above)
+  m: int
+  k: int
+  n: int
+  mode: str = "fwd"       # "fwd", "dgrad" (trans_b) or "wgrad" (trans_a)
+  a_dtype: str = "float8_e4m3fn"
+  b_dtype: str = "float8_e4m3fn"
+  default: bool = False
+  quick: bool = False
+  note: str = ""
+
+  op = "scaled_matmul"
+  batch = 1
+  ladder = False
+  # The output's dtype (the issue's "bf16 output"), whatever the run's --dtype: the
+  # correctness gate and the bf16 dot it is compared with are bf16's.
+  dtype = "bf16"
+  # pct_peak and memory_bound against the FP8 dense peak (runner.PEAK_TFLOPS).
+  peak_dtype = "fp8"
+
+  @property
+  def trans_a(self) -> bool:
+    return self.mode == "wgrad"
+
+  @property
+  def trans_b(self) -> bool:
+    return self.mode == "dgrad"
+
+  @property
+  def layout(self) -> str:
+    return ("T" if self.trans_a else "N") + ("T" if self.trans_b else "N")
+
+  @property
+  def flops(self) -> int:
+    return 2 * self.m * self.k * self.n
+
+  def a_shape(self) -> tuple[int, int]:
+    return (self.k, self.m) if self.trans_a else (self.m, self.k)
+
+  def b_shape(self) -> tuple[int, int]:
+    return (self.n, self.k) if self.trans_b else (self.k, self.n)
+
+  def out_shape(self) -> tuple[int, int]:
+    return (self.m, self.n)
+
+  def a_block(self) -> tuple[int, int] | None:
+    """quantize's block for A as stored: 1x128 along K ((128, 1) when stored (K, M))."""
+    if self.scaling == "tensor":
+      return None
+    return (128, 1) if self.trans_a else (1, 128)
+
+  def b_block(self) -> tuple[int, int] | None:
+    return None if self.scaling == "tensor" else (128, 128)
+
+  def dimension_numbers(self):
+    """lax.dot_general dimension numbers of the stored layout (2-D operands)."""
+    return (((0 if self.trans_a else 1,), (1 if self.trans_b else 0,)), ((), ()))
+
+  def scale_elems(self) -> int:
+    if self.scaling == "tensor":
+      return 2
+    kb, mb, nb = -(-self.k // 128), self.m, -(-self.n // 128)
+    return mb * kb + kb * nb
+
+  def min_bytes(self, dtype_name: str = "bf16") -> int:
+    """The fp8 operands and float32 scales read once, the output written once (bf16)."""
+    out = np.dtype(dtype_of(self.dtype)).itemsize
+    return self.m * self.k + self.k * self.n + 4 * self.scale_elems() + out * self.m * self.n
+
+  @property
+  def fp8_dtypes(self) -> str:
+    return f"{FP8_NAMES[self.a_dtype]}x{FP8_NAMES[self.b_dtype]}"
+
+  def size_label(self) -> str:
+    return f"{self.m}x{self.k}x{self.n} {self.scaling} {self.mode}"
+
+  def csv_fields(self, dtype_name: str) -> dict:
+    """The problem's columns of a CSV row (`runner.base_row`); `xla_ref` names the XLA
+    program every `speedup_vs_xla` of the problem is against (`fp8.ref_variant`)."""
+    from . import fp8  # noqa: PLC0415 (fp8 imports this module)
+    return {
+        "batch": 1, "m": self.m, "k": self.k, "n": self.n, "layout": self.layout,
+        "ladder": 0, "flops": self.flops, "min_bytes": self.min_bytes(dtype_name),
+        "arith_intensity": round(self.flops / self.min_bytes(dtype_name), 3),
+        "problem_note": self.note, "mode": self.mode, "layer": self.layer,
+        "scaling": self.scaling, "fp8_dtypes": self.fp8_dtypes,
+        "xla_ref": fp8.ref_variant(self),
+    }
+
+
+# The issue's shapes (MxKxN): (name, M, K, N, note). 8192x4096x14336 and 128x4096x14336 are
+# Llama-3-8B's MLP gate (or up) projection at 8192 and 128 tokens.
+FP8_SHAPES = (
+    ("sq8192", 8192, 8192, 8192, "8192^3"),
+    ("m8192.k4096.n14336", 8192, 4096, 14336, "llama3-8b MLP gate/up, 8192 tokens"),
+    ("sq4096", 4096, 4096, 4096, "4096^3"),
+    ("m128.k4096.n14336", 128, 4096, 14336, "llama3-8b MLP gate/up, 128 tokens"),
+)
+FP8_SCALINGS = ("tensor", "block")
+# The backward's layouts at one LLM shape: the gate/up projection's dgrad and wgrad. The
+# per-tensor recipe's gradients are e5m2 (`jaxgemm.Fp8Recipe.named("tensor")`), the block
+# recipe's e4m3: each problem has the dtypes its GEMM has in FP8 training.
+FP8_BACKWARD_LAYER = "m8192.k4096.n14336"
+FP8_QUICK = {"m8192.k4096.n14336.tensor", "m8192.k4096.n14336.block", "m128.k4096.n14336.block"}
+
+
+def _fp8_problems(suite, shapes, backward_layers, tiny=False):
+  """Every forward problem (per tensor, then block), then the backward layouts."""
+  out = []
+  for scaling in FP8_SCALINGS:
+    for layer, m, k, n, note in shapes:
+      name = f"{layer}.{scaling}"
+      out.append(Fp8Problem(suite, name, layer, scaling, m, k, n, default=True,
+                            quick=tiny or name in FP8_QUICK,
+                            note=f"{note}; {scaling} scales"))
+  for layer, m, k, n, note in shapes:
+    if layer not in backward_layers:
+      continue
+    for scaling in FP8_SCALINGS:
+      grad = "float8_e5m2" if scaling == "tensor" else "float8_e4m3fn"
+      e4m3 = "float8_e4m3fn"
+      out.append(Fp8Problem(suite, f"{layer}.dgrad.{scaling}", layer, scaling, m, n, k,
+                            mode="dgrad", a_dtype=grad, b_dtype=e4m3, default=True,
+                            note=f"{note}; dgrad dX = dY W^T ({FP8_NAMES[grad]} dY); "
+                                 f"{scaling} scales"))
+      out.append(Fp8Problem(suite, f"{layer}.wgrad.{scaling}", layer, scaling, k, m, n,
+                            mode="wgrad", a_dtype=e4m3, b_dtype=grad, default=True,
+                            note=f"{note}; wgrad dW = X^T dY ({FP8_NAMES[grad]} dY); "
+                                 f"{scaling} scales"))
+  return out
+
+
+# The CPU's analogue (XLA:CPU, the kernels' interpreters): K of two whole blocks; K, M and N
+# off the 128-wide blocks (a partial block, N below one block); a decode-sized M.
+FP8_TINY_SHAPES = (
+    ("m64.k256.n128", 64, 256, 128, "two K blocks"),
+    ("m40.k200.n72", 40, 200, 72, "a partial K block, N below one block"),
+    ("m4.k128.n256", 4, 128, 256, "decode-sized"),
+)
+FP8_SUITES: dict[str, list[Fp8Problem]] = {
+    "fp8": _fp8_problems("fp8", FP8_SHAPES, (FP8_BACKWARD_LAYER,)),
+    "fp8-tiny": _fp8_problems("fp8-tiny", FP8_TINY_SHAPES, ("m64.k256.n128",), tiny=True),
+}
+
+
 SUITES: dict[str, list[BenchProblem]] = {
     "square": _square(),
     "llm": _llm(),
@@ -668,15 +829,17 @@ SUITES: dict[str, list[BenchProblem]] = {
 }
 # The training suite is not a table of GEMMs: see training.py.
 TRAINING = "training"
-ALL_SUITES = (*SUITES, TRAINING, *MOE_SUITES, *EPILOGUE_SUITES)
+ALL_SUITES = (*SUITES, TRAINING, *MOE_SUITES, *EPILOGUE_SUITES, *FP8_SUITES)
 # The op each suite measures (a jaxgemm op registered in jaxgemm.registry): matmul's
 # suites run through runner.py, ragged_dot's (the moe suites: their grouped GEMMs,
 # then an MoE training step) through moe.py, fused_matmul's (the epilogue suites: GEMMs
 # with epilogues, and glu's dual GEMM, then a SwiGLU training step) through epilogue.py.
+# The fp8 suites (scaled_matmul's FP8 GEMMs, then an FP8 training step) through fp8.py.
 SUITE_OP = {suite: "ragged_dot" if suite in MOE_SUITES else
-            "fused_matmul" if suite in EPILOGUE_SUITES else "matmul" for suite in ALL_SUITES}
+            "fused_matmul" if suite in EPILOGUE_SUITES else
+            "scaled_matmul" if suite in FP8_SUITES else "matmul" for suite in ALL_SUITES}
 GPU_DEFAULT_SUITES = ("square", "llm", "skinny", "unaligned", "backward", TRAINING)
-CPU_DEFAULT_SUITES = ("tiny", TRAINING, "moe-tiny", "epilogue-tiny")
+CPU_DEFAULT_SUITES = ("tiny", TRAINING, "moe-tiny", "epilogue-tiny", "fp8-tiny")
 
 SUITE_HELP = {
     "square": "M=K=N from 256 to 16384 (powers of two and a few non-powers)",
@@ -694,14 +857,20 @@ SUITE_HELP = {
                 "SwiGLU (glu), forward and forward+backward, vs XLA's program of the same "
                 "jnp expression; a SwiGLU training step",
     "epilogue-tiny": "the epilogue suite's CPU analogue (interpreters)",
+    "fp8": "FP8 GEMMs (scaled_matmul, issue 28): e4m3 -> bf16 with per-tensor and block "
+           "scales at 8192^3, 8192x4096x14336, 4096^3, 128x4096x14336 and a layer's dgrad "
+           "and wgrad, vs XLA's scaled form, its fp8 dot and the bf16 dot; an FP8 training step",
+    "fp8-tiny": "the fp8 suite's CPU analogue (interpreters)",
     "default": "the default subset of every suite (under 10 minutes on an H200); "
-               "on a machine without a GPU: tiny + a small training run + moe-tiny",
+               "on a machine without a GPU: tiny + a small training run + moe-tiny + "
+               "epilogue-tiny + fp8-tiny",
 }
 
 
 def select(suite: str, *, default_only: bool, quick: bool) -> list:
   """The problems of `suite`, restricted to its default (or quick) subset."""
-  probs = SUITES.get(suite) or MOE_SUITES.get(suite) or EPILOGUE_SUITES[suite]
+  probs = (SUITES.get(suite) or MOE_SUITES.get(suite) or EPILOGUE_SUITES.get(suite)
+           or FP8_SUITES[suite])
   if quick:
     return [p for p in probs if p.quick]
   if default_only:

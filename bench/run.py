@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                   help="list suites, problems, backends and variants, then exit")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--training-steps", type=int, default=None,
-                  help="training steps (default: 50 on a GPU, 15 with --quick, 6 on a CPU)")
+                  help="training steps (default: 50 on a GPU, 100 for the fp8 suite's step, 15 "
+                       "with --quick, a few on a CPU)")
   ap.add_argument("--max-rotate", type=int, default=32,
                   help="most input sets a small problem rotates among (default 32)")
   ap.add_argument("--cpu-max-gflop", type=float, default=0.05,
@@ -98,7 +99,8 @@ def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
                     P.select(s, default_only=True, quick=args.quick)))
     elif name == P.TRAINING:
       out.append((name, None))
-    elif name in P.SUITES or name in P.MOE_SUITES or name in P.EPILOGUE_SUITES:
+    elif name in P.SUITES or name in P.MOE_SUITES or name in P.EPILOGUE_SUITES or (
+        name in P.FP8_SUITES):
       out.append((name, P.select(name, default_only=args.default_only, quick=args.quick)))
     else:
       raise SystemExit(f"unknown suite {name!r}; valid: {[*P.ALL_SUITES, 'default']}")
@@ -138,6 +140,7 @@ def _list(args, on_gpu, platform):
     print(f"[{suite}] {len(probs)} problems" + (
         ", then an MoE training step (bench/training.py)" if suite in P.MOE_SUITES else
         ", then a SwiGLU training step (bench/training.py)" if suite in P.EPILOGUE_SUITES
+        else ", then an FP8 training step (bench/training.py)" if suite in P.FP8_SUITES
         else ""))
     for p in probs:
       flags = "".join(f for f, on in (("D", p.default), ("Q", p.quick), ("L", p.ladder)) if on)
@@ -165,7 +168,7 @@ def main(argv) -> int:
   import jaxgemm  # noqa: PLC0415
 
   from . import history, runner  # noqa: PLC0415
-  from .report import csvio, generate, tables  # noqa: PLC0415
+  from .report import csvio, generate, tables, view  # noqa: PLC0415
   from .training import run_training  # noqa: PLC0415
 
   if args.iters is None:
@@ -218,6 +221,11 @@ def main(argv) -> int:
     from . import epilogue  # noqa: PLC0415
     args.time_budget = epilogue.GPU_TIME_BUDGET_S
     print(f"time budget: {args.time_budget:g} s (the epilogue suites' default on a GPU, to fit "
+          "a 10-minute command; --time-budget to change)")
+  if on_gpu and not args.time_budget and all(s in P.FP8_SUITES for s, _ in suites):
+    from . import fp8  # noqa: PLC0415
+    args.time_budget = fp8.GPU_TIME_BUDGET_S
+    print(f"time budget: {args.time_budget:g} s (the fp8 suites' default on a GPU, to fit "
           "a 10-minute command; --time-budget to change)")
   if on_gpu:
     runner.setup_triton_cache()
@@ -313,6 +321,17 @@ def main(argv) -> int:
         epilogue.run_epilogue_suite(ctx, suite, probs, backends_of(suite), variants,
                                     training_cfg=cfg, quick=args.quick, training=not only or any(
                                         fnmatch.fnmatch(cfg.name, g) for g in only))
+      elif suite in P.FP8_SUITES:
+        from . import fp8  # noqa: PLC0415
+        from . import training as T  # noqa: PLC0415
+        import dataclasses  # noqa: PLC0415
+        base = T.fp8_model(on_gpu, args.quick)
+        cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
+        # as for the moe suites: the step runs unless --only names others only
+        only = [g.strip() for g in args.only.split(",") if g.strip()]
+        fp8.run_fp8_suite(ctx, suite, probs, backends_of(suite), variants, training_cfg=cfg,
+                          quick=args.quick, training=not only or any(
+                              fnmatch.fnmatch(cfg.name, g) for g in only))
       else:
         runner.run_gemm_suite(ctx, suite, probs, backends_of(suite), variants)
       print(f"== suite {suite} done in {time.perf_counter() - t0:.1f} s")
@@ -323,7 +342,7 @@ def main(argv) -> int:
   made = generate(csv_path)
   rows = csvio.read_csv(csv_path)
   counts = Counter(r["status"] for r in rows if r["kind"] in ("gemm", "train_step")
-                   and r["backend"] not in (runner.REF, "jax_example"))
+                   and r["backend"] not in (runner.REF, *view.PEERS))
   run = made["run"]
   print("\n" + bar)
   if not on_gpu:

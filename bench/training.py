@@ -30,6 +30,19 @@ XLA's model runs the same jnp expressions (`x @ w + b`, `h + (x @ w + b)`,
 `jax.nn.silu(x @ wg + bg) * (x @ wu + bu)`). The biases start small and random
 (normal(0, 0.1)), so that the bias epilogues count from step 0.
 
+The FP8 variant (`ModelConfig.fp8`; the fp8 suites run it, see fp8.py) is the dense
+model whose layers' GEMMs (QKV, attention output, MLP up and down) run
+`jaxgemm.matmul(x, w, fp8=recipe, backend=...)`: each quantized on the fly to fp8 and
+run as scaled_matmul GEMMs, forward, dgrad and wgrad, with the recipe "tensor" (one
+scale per operand, e5m2 gradients) or "block" (1x128 / 128x128 blocks, e4m3); its
+rows' variant is `fp8=<recipe>`. XLA's row is the same model in bf16 (`jnp.matmul`).
+The logits stay on XLA's bf16 dot in every model (FP8 recipes keep the output head
+in higher precision: DeepSeek-V3, Transformer Engine), so the steps differ only in
+their layers' GEMMs. Its rows agree with XLA's model by their own bounds
+(`FP8_TOLERANCES`: FP8 rounds each operand to 3 or 2 mantissa bits); how close the
+last step's loss comes to bf16's (`loss_last_rel_diff`; the issue's target: within
+2% after 100 steps) is reported, not gated.
+
 The task is learnable, so the loss falls: tokens are uniform random, the target
 of each position is a fixed random permutation of its token, or (LABEL_NOISE)
 a random token, so that the loss levels off at O(1) instead of vanishing. Both models start
@@ -103,6 +116,9 @@ class ModelConfig:
   # gate and up, SiLU gate, down; every projection but the logits biased, run as fused
   # epilogues: jaxgemm.matmul(..., bias=, residual=) and jaxgemm.glu).
   mlp: str = "gelu"
+  # The dense (GELU) model whose layers' GEMMs run in FP8 on the compared rows
+  # (`jaxgemm.matmul(x, w, fp8=recipe)`), against its bf16 step on XLA.
+  fp8: bool = False
 
   @property
   def tokens(self) -> int:
@@ -120,7 +136,8 @@ class ModelConfig:
   def op(self) -> str:
     """The op whose backends the model's step compares: matmul, ragged_dot (MoE), or
     fused_matmul (the SwiGLU model's fused epilogues)."""
-    return "ragged_dot" if self.moe else "fused_matmul" if self.swiglu else "matmul"
+    return ("ragged_dot" if self.moe else "fused_matmul" if self.swiglu else
+            "scaled_matmul" if self.fp8 else "matmul")
 
   @property
   def name(self) -> str:
@@ -130,8 +147,8 @@ class ModelConfig:
     if self.swiglu:
       return (f"swiglu.L{self.n_layers}.d{self.d_model}.ff{self.d_ff}.v{self.vocab}"
               f".b{self.batch}.s{self.seq}")
-    return (f"transformer.L{self.n_layers}.d{self.d_model}.ff{self.d_ff}.v{self.vocab}"
-            f".b{self.batch}.s{self.seq}")
+    return (f"{'fp8.' if self.fp8 else ''}transformer.L{self.n_layers}.d{self.d_model}"
+            f".ff{self.d_ff}.v{self.vocab}.b{self.batch}.s{self.seq}")
 
   @property
   def dense_flops(self) -> int:
@@ -149,6 +166,9 @@ class ModelConfig:
            if self.moe else
            f"LLaMA-style SwiGLU MLP of width {self.d_ff} and biased projections, as fused "
            "epilogues (jaxgemm.glu, jaxgemm.matmul(bias=, residual=))" if self.swiglu
+           else f"GELU MLP {self.d_ff}; the layers' GEMMs in FP8 (jaxgemm.matmul(x, w, "
+           "fp8=recipe): forward, dgrad and wgrad as scaled_matmul GEMMs), the logits on "
+           "XLA's bf16 dot; XLA's row: the same model in bf16" if self.fp8
            else f"MLP {self.d_ff}")
     return (f"{self.n_layers}-layer decoder, d_model {self.d_model}, {self.n_heads} heads, "
             f"{mlp}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
@@ -177,6 +197,39 @@ GPU_SWIGLU_MODEL = ModelConfig(batch=8, seq=1024, d_model=1024, n_heads=16, d_ff
 GPU_SWIGLU_MODEL_QUICK = dataclasses.replace(GPU_SWIGLU_MODEL, steps=15)
 CPU_SWIGLU_MODEL = ModelConfig(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, n_layers=1,
                                vocab=64, steps=4, mlp="swiglu")
+
+
+# The FP8 step (issue 28: >= 1.25x XLA's bf16 step, the loss within 2% of bf16's after 100
+# steps). Large enough that the GEMMs dominate the step: Llama-3-8B's widths (d_model 4096,
+# MLP 14336), 8 x 1024 tokens: the MLP's up projection is the fp8 suite's 8192x4096x14336
+# (and its dgrad and wgrad), the others 8192x4096x12288 (QKV), 8192x4096x4096 (O) and
+# 8192x14336x4096 (down). 2 layers run 18.1 TFLOP of FP8 GEMMs a step, the logits 1.6 of
+# bf16. lr 1e-3: 3e-3, the small models',
+# is high for a model of 0.44 B parameters.
+GPU_FP8_MODEL = ModelConfig(batch=8, seq=1024, d_model=4096, n_heads=32, d_ff=14336,
+                            n_layers=2, vocab=8192, steps=100, lr=1e-3, fp8=True)
+GPU_FP8_MODEL_QUICK = dataclasses.replace(GPU_FP8_MODEL, steps=15)
+# Widths of whole and partial 128-wide blocks (96: a partial block along K and N).
+CPU_FP8_MODEL = ModelConfig(batch=2, seq=16, d_model=64, n_heads=4, d_ff=160, n_layers=1,
+                            vocab=128, steps=4, fp8=True)
+# The recipes each backend trains with (variant label "fp8=<recipe>").
+FP8_RECIPES = ("tensor", "block")
+FP8_VARIANT_PREFIX = "fp8="
+# The FP8 rows' agreement with XLA's bf16 model (the bf16 bounds, TRAJECTORY_TOL and
+# GRAD_TOL_FACTOR, are for rounding differences; FP8 rounds every operand to 3 mantissa
+# bits, 2 for the per-tensor recipe's gradients). These catch a wrong GEMM, not FP8's noise:
+# step 0's loss within 1e-2 (the loss of near-uniform logits hardly moves under their
+# rounding), step 0's gradients within 0.25 (about 4x one e4m3 x e5m2 GEMM's relative
+# error, ~0.06, which the layers' backward chain compounds; a transposed or wrongly
+# scaled operand is off by O(1)), and no step's loss more than 10% off (divergence).
+FP8_TOLERANCES = {"trajectory": 0.10, "grad": 0.25, "loss0": 1e-2}
+
+
+def fp8_model(on_gpu: bool, quick: bool = False) -> ModelConfig:
+  """The FP8 step's model for this machine."""
+  if not on_gpu:
+    return CPU_FP8_MODEL
+  return GPU_FP8_MODEL_QUICK if quick else GPU_FP8_MODEL
 
 
 def swiglu_model(on_gpu: bool, quick: bool = False) -> ModelConfig:
@@ -341,7 +394,8 @@ def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dty
                       dtype=dtype).reshape(b, s, cfg.d_model)
     else:
       h = h + mm(jax.nn.gelu(mm(x, lp["up"].astype(dtype))), lp["down"].astype(dtype))
-  logits = mm(_rmsnorm(h), params["out"].astype(dtype)).astype(jnp.float32)
+  head = (lambda x, w: jnp.matmul(x, w)) if cfg.fp8 else mm   # the FP8 model's logits: bf16
+  logits = head(_rmsnorm(h), params["out"].astype(dtype)).astype(jnp.float32)
   logp = jax.nn.log_softmax(logits, axis=-1)
   return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
 
@@ -378,9 +432,14 @@ def learning_rate(cfg: ModelConfig, t):
 
 
 def make_mm(backend: str, variant: str, dtype_name: str) -> Callable:
+  """XLA's jnp.matmul (REF), jaxgemm.matmul on (backend, variant), or with variant
+  "fp8=<recipe>" jaxgemm.matmul(x, w, fp8=recipe, backend=backend) (the FP8 model's)."""
   prec = precision_of(dtype_name)
   if backend == REF:
     return lambda x, w: jnp.matmul(x, w, precision=prec)
+  if variant.startswith(FP8_VARIANT_PREFIX):
+    recipe = variant.removeprefix(FP8_VARIANT_PREFIX)
+    return lambda x, w: jaxgemm.matmul(x, w, fp8=recipe, backend=backend)
   v = None if backend == AUTO or variant == DEFAULT_VARIANT else variant
   return lambda x, w: jaxgemm.matmul(x, w, precision=prec, backend=backend, variant=v)
 
@@ -567,7 +626,14 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
         "mm": mm_factory(backend, variant)}
 
   kernels = []   # (backend, variant, note)
+  if cfg.fp8:
+    # The default and jaxgemm's kernels first, XLA's FP8 (the xla backend: its block
+    # recipe is a fori_loop per GEMM, the slowest run) last, for a run a budget stops.
+    backends = sorted(backends, key=lambda b: b == "xla")
   for b in backends:
+    if cfg.fp8 and (b == AUTO or b in jaxgemm.backends(op)):
+      kernels += _fp8_runs(ctx, b, op)
+      continue
     if b == AUTO:
       kernels.append((AUTO, AUTO_VARIANT, ""))
       continue
@@ -654,6 +720,9 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
 
   gemm_tol = TOLERANCE[dtype_name]
   traj_tol = TRAJECTORY_TOL[dtype_name]
+  grad_tol, loss0_tol = GRAD_TOL_FACTOR * gemm_tol, gemm_tol
+  if cfg.fp8:
+    traj_tol, grad_tol, loss0_tol = (FP8_TOLERANCES[k] for k in ("trajectory", "grad", "loss0"))
   for backend, variant, why in kernels:
     r = row_for(backend, variant, "train_step")
     r.update(tolerance=traj_tol, note=why.removeprefix("skip: ").removeprefix("unsupported: "))
@@ -699,16 +768,18 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     max_rel = max(rel) if rel and all(math.isfinite(x) for x in rel) else float("nan")
     grad_err = _tree_rel_err(grads0, ref_grads0)
     loss0_rel = abs(losses[0] - ref_losses[0]) / abs(ref_losses[0])
-    agree = (max_rel <= traj_tol and grad_err <= GRAD_TOL_FACTOR * gemm_tol
-             and loss0_rel <= gemm_tol)
+    # the last step both ran (a CPU run may stop early)
+    last_rel = abs(losses[-1] - ref_losses[n - 1]) / abs(ref_losses[n - 1])
+    agree = max_rel <= traj_tol and grad_err <= grad_tol and loss0_rel <= loss0_tol
     r.update(loss_first=losses[0], loss_last=losses[-1], loss_max_rel_diff=max_rel,
+             loss_last_rel_diff=last_rel,
              grad_rel_err=grad_err, loss0_rel_diff=loss0_rel, error=max_rel,
              compile_s=info["compile_s"], agree=int(agree), steps=n, timer=ctx.timer.label)
     if not agree:
       r.update(status=STATUS_FAIL,
                note=(f"disagrees with XLA: max loss rel diff {max_rel:.3g} (tol {traj_tol:g}), "
-                     f"step-0 grad rel err {grad_err:.3g} (tol {GRAD_TOL_FACTOR * gemm_tol:g}), "
-                     f"step-0 loss rel diff {loss0_rel:.3g} (tol {gemm_tol:g})"))
+                     f"step-0 grad rel err {grad_err:.3g} (tol {grad_tol:g}), "
+                     f"step-0 loss rel diff {loss0_rel:.3g} (tol {loss0_tol:g})"))
     elif stats is None:
       r.update(status=STATUS_SKIPPED, note=info["stopped"])
     else:
@@ -724,6 +795,21 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     bar.update(f"{backend}/{variant}")
   bar.close()
   return rows
+
+
+def _fp8_runs(ctx: Context, backend: str, op: str) -> list[tuple[str, str, str]]:
+  """The FP8 model's runs of a backend (or AUTO): one per recipe, variant "fp8=<recipe>";
+  on a CPU skipped where the backend's interpreted scaled_matmul calls in the suite's
+  problems took over CPU_TRAIN_CALL_S (a step runs 3 GEMMs per layer projection)."""
+  slow = ""
+  if not ctx.on_gpu and backend != AUTO:
+    from .runner import slow_key  # noqa: PLC0415
+    prefix = slow_key(op, backend, "")[0]
+    took = [s for (b, _), s in {**ctx.call_s, **ctx.slow}.items() if b == prefix]
+    if took and max(took) > CPU_TRAIN_CALL_S:
+      slow = (f"skip: its interpreted calls took up to {max(took):.2f} s in the suite's "
+              f"problems (> {CPU_TRAIN_CALL_S} s); a training step would take too long on a CPU")
+  return [(backend, FP8_VARIANT_PREFIX + r, slow) for r in FP8_RECIPES]
 
 
 def _step_metrics(ctx: Context, cfg: ModelConfig, stats: dict, ref_ms: float | None) -> dict:

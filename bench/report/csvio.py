@@ -3,7 +3,9 @@
 CSV: one row per measurement (a kernel on a problem, XLA's own op on a problem -- its
 dot, or for the moe suites its ragged_dot -- jax's example grouped GEMM kernel, a
 training step, one step's loss, the copy bandwidth; for the epilogue suites XLA's
-program of the jnp expression), with the run's provenance
+program of the jnp expression; for the fp8 suites XLA's scaled form and its other
+programs, `xla_peer`, with `xla_ref` naming the program each ratio is against), with the
+run's provenance
 (device, driver, versions, git commit, date, timer, input distribution) on
 every row. Everything made after it (REPORT.md, the tables, the plots, the
 runs' history) is read back from the CSV alone.
@@ -29,7 +31,7 @@ COLUMNS = [
     "run_id", "suite", "kind", "problem", "backend", "variant", "variant_rank", "dtype",
     "precision",
     "batch", "m", "k", "n", "layout", "ladder", "flops", "min_bytes", "arith_intensity",
-    "groups", "active_groups", "mode", "layer", "expr",
+    "groups", "active_groups", "mode", "layer", "expr", "scaling", "fp8_dtypes", "xla_ref",
     "status", "error", "tolerance", "note",
     "timer", "iters", "rotate", "working_set_mb",
     "time_ms_median", "time_ms_p10", "time_ms_p90", "time_ms_iqr", "time_ms_min",
@@ -38,7 +40,7 @@ COLUMNS = [
     "compile_s", "first_run_s",
     "tokens_per_step", "tokens_per_s", "step_wall_ms", "steps", "step", "loss", "loss_first",
     "loss_last",
-    "loss_max_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
+    "loss_max_rel_diff", "loss_last_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
     "config", "chosen", "group_sizes", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
     *PROVENANCE,
 ]

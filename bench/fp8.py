@@ -1,0 +1,266 @@
+"""The fp8 suites: FP8 GEMMs with scales (`jaxgemm.scaled_matmul`, issue 28) on every backend
+against XLA's program of the same scaled product, then an FP8 training step.
+
+Each problem (`problems.Fp8Problem`: an e4m3 (or, for the per-tensor recipe's gradients,
+e5m2) GEMM at one shape and layout, with per-tensor or block scales, bf16 output) runs as
+the GEMM suites' problems do (`runner.run_problem`, with `SCALED_MATMUL` saying what
+differs), in one process:
+
+1. inputs: A and B normal(0, 1) in float32, quantized with `jaxgemm.quantize` as the
+   problem's scaling says (one scale each; or 1x128 blocks of A along K and 128x128 blocks
+   of B, as stored), and the same values dequantized and rounded to bf16 (for XLA's bf16
+   dot of the same values); every function takes (a8, b8, a_scale, b_scale, a16, b16);
+2. XLA's scaled form, the reference of every ratio (backend `xla_dot`, as for every suite:
+   "XLA's own op"; the CSV's `xla_ref` names it on every row of the problem):
+   * per tensor, `ref_variant` "dot_f32*scales": `(jnp.dot(a8, b8,
+     preferred_element_type=f32) * (sa * sb)).astype(bf16)`, what a user writes;
+   * block, "scaled_matmul[xla]": `jaxgemm.scaled_matmul(..., backend="xla")`, the xla
+     backend's sum over 128-wide K blocks of scaled fp32 partial products in a fori_loop
+     (XLA has no block-scaled GEMM on Hopper; jaxgemm/ops/scaled_matmul/xla.py);
+3. XLA's other programs on the same values (backend `xla_peer`), checked and then timed
+   interleaved with the reference as kernels are: `fp8_dot`, `lax.dot_general(a8, b8,
+   preferred_element_type=bf16)` with no scales (the issue's first column: the FP8 GEMM
+   alone; checked against the fp32 product of the fp8 values), and `bf16_dot`, the bf16
+   dot of the dequantized values (what the GEMM costs without FP8);
+4. every backend of op scaled_matmul (`jaxgemm.backends("scaled_matmul")`, whatever is
+   registered; its best variant, or every one with `--variants all`) and the default
+   (`auto`), through `jaxgemm.scaled_matmul(a8, b8, sa, sb, out_dtype=bf16, trans_a=,
+   trans_b=, backend=, variant=)`: checked, then timed interleaved with the reference.
+
+Every result is checked against the exact product of the dequantized operands, computed in
+float32 at HIGHEST precision (`check_fn`; XLA's reference row's `error` is its own distance
+from it), relative Frobenius error within `TOLERANCE`. TFLOP/s count 2 M K N; `pct_peak`
+is against the FP8 dense peak (1979 TFLOP/s on an H100/H200; the bf16 dot's against
+bf16's, 989); `min_bytes` counts the fp8 operands, the float32 scales and the bf16 output.
+
+The suite ends with an FP8 training step (`training.GPU_FP8_MODEL`): the dense model whose
+layers' GEMMs run `jaxgemm.matmul(x, w, fp8=recipe, backend=...)` for the recipes "tensor"
+and "block" on each backend, against the same model's bf16 step on XLA (jnp).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import jaxgemm
+from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem
+
+from . import problems as P
+from . import runner as R
+
+OP = "scaled_matmul"
+# XLA's scaled form (the reference): the `xla_dot` row's variant, and every row's `xla_ref`.
+REF_TENSOR, REF_BLOCK = "dot_f32*scales", "scaled_matmul[xla]"
+# XLA's other programs of the problem, measured beside the kernels (not jaxgemm backends).
+PEER = "xla_peer"
+FP8_DOT, BF16_DOT = "fp8_dot", "bf16_dot"
+OUT = jnp.bfloat16
+ARITY = 6   # a8, b8, a_scale, b_scale, a16, b16
+
+# The correctness gate, relative Frobenius error against the exact product of the
+# dequantized operands: the bf16 output's rounding step, 2**-8 (each element is off by at
+# most half of it, so the norm by at most 2**-9: twice that is slack), plus 2**-10 for the
+# accumulation. fp32 accumulation of the exact fp8 products is about sqrt(K) * 2**-24 <=
+# 2**-17 at K = 16384; Hopper's FP8 tensor cores keep about 14 bits while accumulating
+# (DeepSeek-V3 report), so a kernel promoting its partial sums to fp32 every 128 of K
+# stays near 2**-14, 16x below the allowance, while one that never promotes drifts to
+# about 2% at K = 4096 and is rejected, as is a wrong scale (one block's scale of 128
+# normal values differs from its neighbour's by ~15%). The bf16 dot of the dequantized
+# values is held to it too: rounding them to bf16 costs about 2**-9 / sqrt(3) per operand.
+TOLERANCE = 2.0**-8 + 2.0**-10
+
+
+def ref_variant(bp: P.Fp8Problem) -> str:
+  """The name of XLA's scaled form for the problem (module docstring, step 2)."""
+  return REF_TENSOR if bp.scaling == "tensor" else REF_BLOCK
+
+
+def _dot(bp: P.Fp8Problem, a, b, out, precision=None):
+  return lax.dot_general(a, b, bp.dimension_numbers(), precision=precision,
+                         preferred_element_type=out)
+
+
+def ref_fn(bp: P.Fp8Problem) -> Callable:
+  """XLA's scaled form: the per-tensor jnp expression, or the xla backend's block loop."""
+  if bp.scaling == "tensor":
+    def xla_scaled(a8, b8, sa, sb, *_):
+      return (_dot(bp, a8, b8, jnp.float32) * (sa * sb)).astype(OUT)
+    return xla_scaled
+
+  def xla_block_scaled(a8, b8, sa, sb, *_):
+    return jaxgemm.scaled_matmul(a8, b8, sa, sb, out_dtype=OUT, trans_a=bp.trans_a,
+                                 trans_b=bp.trans_b, backend="xla")
+  return xla_block_scaled
+
+
+def kernel_fn(bp: P.Fp8Problem, backend: str, variant: str | None) -> Callable:
+  """jaxgemm.scaled_matmul on (backend, variant); AUTO and "(default)": variant=None."""
+  v = None if backend == R.AUTO or variant in (R.AUTO_VARIANT, R.DEFAULT_VARIANT) else variant
+
+  def scaled(a8, b8, sa, sb, *_):
+    return jaxgemm.scaled_matmul(a8, b8, sa, sb, out_dtype=OUT, trans_a=bp.trans_a,
+                                 trans_b=bp.trans_b, backend=backend, variant=v)
+  return scaled
+
+
+def peer_fn(bp: P.Fp8Problem, variant: str) -> Callable:
+  """XLA's fp8 dot with no scales, or its bf16 dot of the dequantized values."""
+  if variant == FP8_DOT:
+    def fp8_dot(a8, b8, *_):
+      return _dot(bp, a8, b8, OUT)
+    return fp8_dot
+
+  def bf16_dot(*args):
+    return _dot(bp, args[4], args[5], OUT)
+  return bf16_dot
+
+
+def dequantize(q, scale, block):
+  """q * scale in float32, each scale repeated over its block (quantize's inverse)."""
+  q = q.astype(jnp.float32)
+  if block is None:
+    return q * scale
+  rows, cols = q.shape
+  full = jnp.repeat(jnp.repeat(scale, block[0], axis=0), block[1], axis=1)
+  return q * full[:rows, :cols]
+
+
+def exact_fn(bp: P.Fp8Problem, scaled: bool = True) -> Callable:
+  """The exact product of the dequantized operands (fp32, HIGHEST; unrounded), or with
+  `scaled=False` of the fp8 values themselves (the fp8 dot's check)."""
+  def exact(a8, b8, sa, sb, *_):
+    if scaled:
+      a, b = dequantize(a8, sa, bp.a_block()), dequantize(b8, sb, bp.b_block())
+    else:
+      a, b = a8.astype(jnp.float32), b8.astype(jnp.float32)
+    return _dot(bp, a, b, jnp.float32, lax.Precision.HIGHEST)
+  return exact
+
+
+def make_inputs(bp: P.Fp8Problem, n_rot: int, seed: int) -> list:
+  """`n_rot` sets of (a8, b8, a_scale, b_scale, a16, b16): normal(0, 1) drawn in float32 on
+  the device, quantized as the problem says, and the dequantized values in bf16."""
+  def one(key):
+    x = jax.random.normal(jax.random.fold_in(key, 0), bp.a_shape(), jnp.float32)
+    w = jax.random.normal(jax.random.fold_in(key, 1), bp.b_shape(), jnp.float32)
+    a8, sa = jaxgemm.quantize(x, jnp.dtype(bp.a_dtype), bp.a_block())
+    b8, sb = jaxgemm.quantize(w, jnp.dtype(bp.b_dtype), bp.b_block())
+    return [a8, b8, sa, sb, dequantize(a8, sa, bp.a_block()).astype(OUT),
+            dequantize(b8, sb, bp.b_block()).astype(OUT)]
+
+  @jax.jit
+  def gen(key):
+    return [x for i in range(n_rot) for x in one(jax.random.fold_in(key, i))]
+
+  return jax.block_until_ready(gen(jax.random.key(seed)))
+
+
+def scaled_problem(bp: P.Fp8Problem) -> ScaledMatmulProblem:
+  """The canonical problem `jaxgemm.scaled_matmul` makes of `bp` (what dispatch chooses for)."""
+  return ScaledMatmulProblem(1, bp.m, bp.n, bp.k, jnp.dtype(bp.a_dtype), jnp.dtype(OUT),
+                             np.dtype(np.float32), bp.trans_a, bp.trans_b, None,
+                             b_dtype=jnp.dtype(bp.b_dtype), scale_kind=bp.scaling)
+
+
+class ScaledMatmulMeasured(R.Measured):
+  """What the fp8 suites measure differently from the GEMM suites (`runner.Measured`)."""
+
+  op = OP
+  arity = ARITY
+
+  def ref_variant(self, bp):
+    return ref_variant(bp)
+
+  def ref_fn(self, bp, dtype_name):
+    return ref_fn(bp)
+
+  def kernel_fn(self, bp, dtype_name, backend, variant):
+    return kernel_fn(bp, backend, variant)
+
+  def inputs(self, bp, dtype_name, n_rot, seed):
+    return make_inputs(bp, n_rot, seed)
+
+  def problem(self, bp, dtype_name):
+    return scaled_problem(bp)
+
+  def tolerance(self, bp, dtype_name):
+    return TOLERANCE
+
+  def check_fn(self, bp, dtype_name):
+    return exact_fn(bp)
+
+  def before_kernels(self, ctx, bp, dtype_name, bufs, refs, ref_compiled, n_rot,
+                     solo_ref_ms=None):
+    """XLA's fp8 dot (checked against the fp32 product of the fp8 values) and its bf16 dot
+    of the dequantized values (checked as the kernels are), each timed against the
+    reference: rows of backend `xla_peer`."""
+    rows = []
+    unscaled = None
+    for variant in (FP8_DOT, BF16_DOT):
+      row = R.base_row(ctx, bp.suite, "gemm", PEER, variant, bp, dtype_name)
+      row.update(rotate=n_rot, tolerance=TOLERANCE)
+      rows.append(row)
+      if R.excluded(ctx.exclude, PEER, variant, bp.name):
+        row.update(status=R.STATUS_SKIPPED, note="excluded by --exclude")
+        continue
+      try:
+        if variant == FP8_DOT:
+          unscaled = R._compile_and_run(exact_fn(bp, scaled=False), bufs, n_rot, ARITY)[1]
+      except Exception as e:  # noqa: BLE001 (record and go on)
+        row.update(status=R.STATUS_ERROR, note=f"its check: {R.short_error(e)}")
+        continue
+      with R.Watchdog(ctx, row, f"{PEER}/{variant} on {bp.name}"):
+        R._run_kernel(ctx, bp, dtype_name, row, lambda *_, v=variant: peer_fn(bp, v), bufs,
+                      unscaled if variant == FP8_DOT else refs, n_rot, ref_compiled,
+                      (PEER, variant), ARITY, solo_ref_ms, tol=TOLERANCE)
+      if variant == BF16_DOT:   # a bf16 GEMM: its fraction of bf16's peak, not FP8's
+        peak = R.peak_tflops(ctx.device_kind, "bf16") if ctx.on_gpu else None
+        row["peak_tflops"] = peak or ""
+        if peak and row.get("tflops"):
+          row["pct_peak"] = 100 * row["tflops"] / peak
+    return rows, None
+
+
+SCALED_MATMUL = ScaledMatmulMeasured()
+
+
+# A lent GPU runs one command for at most 10 minutes. Where no --time-budget is named, a
+# GPU run of only fp8 suites takes this one (run.py): no problem starts after
+# GPU_TIME_BUDGET_S - TRAINING_RESERVE_S seconds, no training run after GPU_TIME_BUDGET_S.
+# The FP8 step has nine training runs (XLA's bf16 step, then two recipes on each of auto
+# and three backends), each mostly its compile (20-60 s; the xla backend's block recipe,
+# a fori_loop per GEMM, also ~0.3 s a step): hence a longer reserve than the other suites'.
+GPU_TIME_BUDGET_S = 450.0
+TRAINING_RESERVE_S = 200.0
+
+
+def run_fp8_suite(ctx: R.Context, suite: str, probs: list[P.Fp8Problem], backends: list[str],
+                  variants_policy, *, training_cfg=None, quick: bool = False,
+                  training: bool = True) -> list[dict]:
+  """The suite's FP8 GEMMs, then (with `training`) its FP8 training step.
+
+  With a time budget (`ctx.time_budget_s`), the problems stop starting
+  TRAINING_RESERVE_S before it (at most half of it), so that the training step gets
+  its turn; the training runs start until the budget is spent.
+  """
+  budget = ctx.time_budget_s
+  if budget and training:
+    ctx.time_budget_s = budget - min(TRAINING_RESERVE_S, budget / 2)
+  try:
+    rows = R.run_gemm_suite(ctx, suite, probs, backends, variants_policy, ops=SCALED_MATMUL)
+  finally:
+    ctx.time_budget_s = budget
+  if training:
+    from . import training as T  # noqa: PLC0415
+    t0 = time.perf_counter()
+    cfg = training_cfg or T.fp8_model(ctx.on_gpu, quick)
+    ctx.log(f"  -- FP8 training step ({cfg.name})")
+    rows += T.run_training(ctx, backends, variants_policy, cfg=cfg, suite=suite)
+    ctx.log(f"  -- FP8 training done in {time.perf_counter() - t0:.1f} s")
+  return rows
