@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .csvio import PROVENANCE, num
 from .plots import PLOTS
-from .view import AUTO, EXAMPLE, REF, Run, geomean
+from .view import AUTO, EXAMPLE, REF, XLA_PEER, Run, geomean
 
 # Issue 6's target for the default: geomean over these suites at least
 # DEFAULT_TARGET x XLA, no problem below DEFAULT_FLOOR x, and a training step no
@@ -141,7 +141,7 @@ def _met(ok: bool) -> str:
 def defaults_summary(run: Run) -> list[str]:
   """jaxgemm's default (backend='auto') against XLA: the GEMM and training numbers."""
   steps = [r for r in run.rows if r["kind"] == "train_step" and r["backend"] == AUTO
-           and not _is_moe_step(r) and not _is_epilogue_step(r)]
+           and not _is_moe_step(r) and not _is_epilogue_step(r) and not _is_fp8_step(r)]
   if not steps and not run.has_auto:
     return []
   suites, is_target = _default_suites(run)
@@ -604,6 +604,177 @@ def epilogue_targets_table(run: Run) -> list[str]:
       "default (auto)" if b == AUTO else f"{b} (best variant)" for b in bs], ""], rows)
 
 
+# ---------------------------------------------------------------- FP8 GEMMs (fp8 suites)
+
+def _is_fp8_step(r: dict) -> bool:
+  """A training step of the fp8 suites' FP8 model (against its bf16 step on XLA)."""
+  return r.get("suite", "").startswith("fp8")
+
+
+# XLA's other programs of an fp8 problem (bench/fp8.py), as the tables name them.
+FP8_PEERS = (("fp8_dot", "XLA fp8 dot (no scales)"), ("bf16_dot", "XLA bf16 dot"))
+
+
+def _fp8_backends(run: Run, suites) -> list[str]:
+  """jaxgemm's backends with rows in the fp8 suites (the xla backend first)."""
+  seen = {r["backend"] for s in suites for p in run.problems(s)
+          for r in run.kernel_rows(s, p["problem"])}
+  return [b for b in run.backend_variants if b in seen]
+
+
+def _tf_x(r: dict | None, label: bool = True) -> str:
+  """'1,310.2 (1.35x) variant': a row's TFLOP/s and its speedup over XLA's scaled form."""
+  if r is None:
+    return "-"
+  if r["status"] != "ok":
+    return r["status"]
+  v = r["variant"]
+  text = f"{num(r['tflops']):,.1f}" if num(r["tflops"]) >= 1 else _fmt_t(num(r["tflops"]))
+  s = num(r.get("speedup_vs_xla"))
+  if s is not None and r["backend"] != REF:
+    text += f" ({_fmt_x(s)})"
+  return text + (f" {v}" if label and r["backend"] not in (REF, XLA_PEER)
+                 and v not in ("(default)", "default") else "")
+
+
+def _fp8_cell(run: Run, suite: str, problem: str, backend: str) -> str:
+  best = _pick(run, suite, problem, backend)
+  if best is None:
+    st = sorted({r["status"] for r in run.kernel_rows(suite, problem) if r["backend"] == backend})
+    return "/".join(st) or "-"
+  return _tf_x(best)
+
+
+def fp8_table(run: Run, suite: str) -> list[str]:
+  """An fp8 suite's problems: TFLOP/s of XLA's fp8 dot, its scaled form (the reference),
+  its bf16 dot, the default and each backend, each (vs the scaled form)."""
+  bs = _fp8_backends(run, [suite])
+  rows = []
+  for p in run.problems(suite):
+    name = p["problem"]
+    row = [name, p.get("scaling", ""), p.get("layout", ""), _shape(p), p.get("fp8_dtypes", ""),
+           *[_tf_x(run.peer(suite, name, v)) for v, _ in FP8_PEERS[:1]],
+           f"{_tf_x(p)} `{p['variant']}`", *[_tf_x(run.peer(suite, name, v)) for v, _ in FP8_PEERS[1:]]]
+    if run.has_auto:
+      a = run.auto(suite, name)
+      row.append("-" if a is None else f"{_tf_x(a)} {a.get('chosen') or ''}".strip())
+    row += [_fp8_cell(run, suite, name, b) for b in bs]
+    rows.append(row)
+  header = ["problem", "scales", "layout", "MxKxN", "fp8", f"{FP8_PEERS[0][1]}",
+            "XLA scaled form (the reference)", f"{FP8_PEERS[1][1]}",
+            *(["default (auto), chose"] if run.has_auto else []), *bs]
+  return _table(header, rows)
+
+
+# Issue 28's targets (bf16 output): (problem of the fp8 suite, kind, threshold, as the issue
+# says it). Kinds: "tflops" (the best jaxgemm kernel's TFLOP/s, at least), "speedup" (its
+# speedup over XLA's scaled form of the problem, at least).
+FP8_TARGETS = (
+    *((f"{shape}.tensor", "tflops", t) for shape, t in (
+        ("sq8192", 1350.0), ("m8192.k4096.n14336", 1300.0), ("sq4096", 1100.0))),
+    ("m128.k4096.n14336.tensor", "speedup", 2.0),
+    *((f"{shape}.block", "tflops", t) for shape, t in (
+        ("sq8192", 1250.0), ("m8192.k4096.n14336", 1200.0), ("sq4096", 1000.0))),
+    ("m128.k4096.n14336.block", "speedup", 1.8),
+)
+# The FP8 training step's: at least this x XLA's bf16 step, its last loss within
+# FP8_TRAIN_LOSS (2%) of bf16's after FP8_TRAIN_STEPS steps (training.GPU_FP8_MODEL's).
+FP8_TRAIN_TARGET = 1.25
+FP8_TRAIN_LOSS = 0.02
+FP8_TRAIN_STEPS = 100
+FP8_TARGETS_NOTE = (
+    "Each target against this run's rows (bf16 output): TFLOP/s count 2 M K N; ratios are "
+    "against XLA's scaled form of the same problem timed in the same run (per tensor "
+    "`(jnp.dot(a8, b8, f32) * (sa * sb)).astype(bf16)`, `dot_f32*scales`; block scales the "
+    "`xla` backend's fori_loop over 128-wide K blocks, `scaled_matmul[xla]`: the CSV's "
+    "`xla_ref`). Cells: TFLOP/s (vs the scaled form). `met` where a jaxgemm kernel (not the "
+    "`xla` backend) reaches it. The training step: `jaxgemm.matmul(x, w, fp8=recipe)` in the "
+    "layers against the same model's bf16 step on XLA, step time ratio and the last step's "
+    f"loss against bf16's (target after {FP8_TRAIN_STEPS} steps).")
+FP8_TABLE_NOTE = (
+    "Cells: TFLOP/s (2 M K N over the median time) and each one's speedup over XLA's scaled "
+    "form of the problem (the reference, named in its column), all timed in the same run. "
+    "`XLA fp8 dot`: `lax.dot_general(a8, b8, preferred_element_type=bf16)` without scales; "
+    "`XLA bf16 dot`: the dot of the dequantized values in bf16. Every result is checked "
+    "first against the exact product of the dequantized operands (fp32, HIGHEST). dgrad "
+    "(NT) and wgrad (TN) are a layer's backward GEMMs, with the recipe's gradient dtype.")
+
+
+def _fp8_train_cell(r: dict) -> tuple[str, float | None, float | None]:
+  """(cell, speedup, last-step loss rel diff) of an FP8 step row."""
+  if r["status"] != "ok":
+    return r["status"], None, None
+  s, d = num(r.get("speedup_vs_xla")), num(r.get("loss_last_rel_diff"))
+  text = f"{num(r['time_ms_median']):.2f} ms ({_fmt_x(s)})"
+  if d is not None:
+    text += f", loss {100 * d:.2f}% off"
+  return text, s, d
+
+
+def fp8_targets_table(run: Run) -> list[str]:
+  """Issue 28's targets against this run: XLA's programs, each backend's best variant and
+  the default; `met` where one of jaxgemm's kernels (a backend other than xla, or the
+  default) reaches the target."""
+  suites = [s for s in run.suites if run.is_fp8(s)]
+  steps = [r for r in run.rows if r["kind"] == "train_step" and _is_fp8_step(r)]
+  bs = [*_fp8_backends(run, suites), *([AUTO] if run.has_auto or any(
+      r["backend"] == AUTO for r in steps) else [])]
+  ours = [b for b in bs if b != "xla"]
+  rows = []
+  for problem, kind, target in FP8_TARGETS:
+    suite = next((s for s in suites if any(p["problem"] == problem for p in run.problems(s))),
+                 None)
+    if suite is None:
+      continue
+    ref = next(p for p in run.problems(suite) if p["problem"] == problem)
+    cells = [_tf_x(run.peer(suite, problem, FP8_PEERS[0][0])), _tf_x(ref),
+             _tf_x(run.peer(suite, problem, FP8_PEERS[1][0]))]
+    values = []
+    for b in bs:
+      r = _pick(run, suite, problem, b)
+      cells.append(_fp8_cell(run, suite, problem, b))
+      if r is not None and b in ours:
+        values.append(num(r["tflops"]) if kind == "tflops" else num(r["speedup_vs_xla"]))
+    verdict = ("not measured" if not values else
+               "met" if max(values) >= target else "**missed**")
+    text = f">= {target:,.0f} TFLOP/s" if kind == "tflops" else f">= {target:g}x XLA's scaled form"
+    rows.append([f"{problem} ({_shape(ref)}, {ref.get('scaling')} scales)", text, *cells,
+                 verdict])
+  models = list(dict.fromkeys(r["problem"] for r in steps))
+  for model in models:
+    ref = next((r for r in steps if r["backend"] == REF and r["problem"] == model), None)
+    recipes = list(dict.fromkeys(r["variant"] for r in steps
+                                 if r["problem"] == model and r["backend"] != REF))
+    for recipe in recipes:
+      cells = ["-", f"{num(ref['time_ms_median']):.2f} ms (bf16 step)"
+               if ref and ref["status"] == "ok" else (ref["status"] if ref else "-"), "-"]
+      met, measured = False, False
+      n_steps = 0
+      for b in bs:
+        rr = [r for r in steps if r["problem"] == model and r["backend"] == b
+              and r["variant"] == recipe]
+        if not rr:
+          cells.append("-")
+          continue
+        cell, sp, d = _fp8_train_cell(rr[0])
+        cells.append(cell)
+        if sp is not None and d is not None and b in ours:
+          measured = True
+          n_steps = max(n_steps, int(num(rr[0].get("steps")) or 0))
+          met |= sp >= FP8_TRAIN_TARGET and d <= FP8_TRAIN_LOSS
+      verdict = ("not measured" if not measured else
+                 f"not measured ({n_steps} steps)" if n_steps < FP8_TRAIN_STEPS else
+                 "met" if met else "**missed**")
+      rows.append([f"FP8 training step ({model}), {recipe}",
+                   f">= {FP8_TRAIN_TARGET:g}x XLA's bf16 step, last loss within "
+                   f"{100 * FP8_TRAIN_LOSS:g}%", *cells, verdict])
+  if not rows:
+    return []
+  return _table(["problem", "target", FP8_PEERS[0][1], "XLA scaled form", FP8_PEERS[1][1],
+                 *["default (auto)" if b == AUTO else f"{b} (best variant)" for b in bs], ""],
+                rows)
+
+
 def backend_suite_table(run: Run) -> list[str]:
   """Per backend (its best variant on each problem): geomean speedup per suite."""
   bs = list(run.backend_variants)
@@ -705,10 +876,11 @@ def training_table(run: Run) -> list[str]:
 
 
 def _training_table(steps: list[dict]) -> list[str]:
+  fp8 = any(_is_fp8_step(r) for r in steps)
   rows = []
   for r in steps:
     who = (("XLA lax.ragged_dot" if _is_moe_step(r) else "XLA (jnp)" if _is_epilogue_step(r)
-            else "XLA dot") if r["backend"] == REF
+            else "XLA dot (bf16)" if _is_fp8_step(r) else "XLA dot") if r["backend"] == REF
            else f"{r['backend']}/{r['variant']}")
     t = num(r["time_ms_median"])
     w = num(r.get("step_wall_ms"))
@@ -719,11 +891,15 @@ def _training_table(steps: list[dict]) -> list[str]:
                  f"{num(r['loss_max_rel_diff']):.2e}" if num(r["loss_max_rel_diff"]) is not None else "-",
                  f"{num(r['grad_rel_err']):.2e}" if num(r["grad_rel_err"]) is not None else "-",
                  {"1": "yes", "0": "NO"}.get(r.get("agree", ""), "-")])
+    if fp8:   # the FP8 model: the issue's number, the last step's loss against bf16's
+      d = num(r.get("loss_last_rel_diff"))
+      rows[-1].insert(-2, f"{d:.2e}" if d is not None else "-")
   head = steps[0]
   return [f"Model: {head['problem_note']} ({head['problem']}).", "",
           *_table(["GEMMs", "status", "step ms (median, run timer)", "step ms (wall, training loop)",
                    "tokens/s", "vs XLA",
-                   "loss first -> last", "max loss rel diff vs XLA", "step-0 grad rel err",
+                   "loss first -> last", "max loss rel diff vs XLA",
+                   *(["last-step loss rel diff vs XLA"] if fp8 else []), "step-0 grad rel err",
                    "agree"], rows)]
 
 
@@ -826,6 +1002,9 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
   epi = epilogue_targets_table(run)
   if epi:
     lines += ["## GEMM epilogue targets (issue 27)", "", EPILOGUE_TARGETS_NOTE, "", *epi, ""]
+  fp8 = fp8_targets_table(run)
+  if fp8:
+    lines += ["## FP8 GEMM targets (issue 28)", "", FP8_TARGETS_NOTE, "", *fp8, ""]
   lines += ["## Kernel ladders", "", *ladder_tables(run), ""]
   for suite in run.suites:
     if run.is_moe(suite):
@@ -835,6 +1014,10 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
     if run.is_epilogue(suite):
       lines += [f"## Suite `{suite}` (GEMM epilogues)", "", EPILOGUE_TABLE_NOTE, "",
                 *epilogue_table(run, suite), ""]
+      continue
+    if run.is_fp8(suite):
+      lines += [f"## Suite `{suite}` (FP8 GEMMs)", "", FP8_TABLE_NOTE, "",
+                *fp8_table(run, suite), ""]
       continue
     lines += [f"## Suite `{suite}`", "", *suite_table(run, suite), ""]
   tt = training_table(run)
@@ -890,6 +1073,13 @@ def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
     if run.is_epilogue(suite):
       lines += [f"#### GEMM epilogues: suite `{suite}`", "", EPILOGUE_TABLE_NOTE, "",
                 *epilogue_table(run, suite), ""]
+  fp8 = fp8_targets_table(run)
+  if fp8:
+    lines += ["#### FP8 GEMM targets (issue 28)", "", FP8_TARGETS_NOTE, "", *fp8, ""]
+  for suite in run.suites:
+    if run.is_fp8(suite):
+      lines += [f"#### FP8 GEMMs: suite `{suite}`", "", FP8_TABLE_NOTE, "",
+                *fp8_table(run, suite), ""]
   tt = training_table(run)
   if tt:
     lines += ["#### Training step", "", *tt, ""]

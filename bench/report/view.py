@@ -13,6 +13,10 @@ AUTO, AUTO_VARIANT = "auto", "default"
 # jax's example grouped GEMM kernel (the moe suites, bench/moe.py): a peer measured
 # beside the kernels, not one of jaxgemm's backends.
 EXAMPLE = "jax_example"
+# XLA's other programs of an fp8 problem (bench/fp8.py: its fp8 dot without scales, its
+# bf16 dot): measured beside the kernels against XLA's scaled form, not jaxgemm backends.
+XLA_PEER = "xla_peer"
+PEERS = (EXAMPLE, XLA_PEER)
 
 
 def geomean(xs):
@@ -57,7 +61,7 @@ class Run:
     self.backend_variants: dict[str, list[str]] = {}
     rank = {}
     for r in rows:
-      if r["backend"] in (REF, AUTO, EXAMPLE, "") or r["kind"] != "gemm":
+      if r["backend"] in (REF, AUTO, *PEERS, "") or r["kind"] != "gemm":
         continue
       vs = self.backend_variants.setdefault(r["backend"], [])
       if r["variant"] not in vs:
@@ -86,7 +90,13 @@ class Run:
   def kernel_rows(self, suite: str, problem: str) -> list[dict]:
     """jaxgemm's rows of the problem: its backends' kernels and the default."""
     return [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
-            and r["backend"] not in (REF, EXAMPLE)]
+            and r["backend"] not in (REF, *PEERS)]
+
+  def peer(self, suite: str, problem: str, variant: str) -> dict | None:
+    """XLA's other program `variant` of an fp8 problem (backend XLA_PEER), if it ran."""
+    rr = [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
+          and r["backend"] == XLA_PEER and r["variant"] == variant]
+    return rr[0] if rr else None
 
   def example(self, suite: str, problem: str) -> dict | None:
     """jax's example kernel's row of the problem (moe suites), if it has one."""
@@ -95,8 +105,14 @@ class Run:
     return rr[0] if rr else None
 
   def is_moe(self, suite: str) -> bool:
-    """Whether `suite` holds grouped GEMMs (ragged_dot: rows with a `mode`, no `expr`)."""
-    return any(r.get("mode") and not r.get("expr") for r in self.problems(suite))
+    """Whether `suite` holds grouped GEMMs (ragged_dot: rows with a `mode`, no `expr` or
+    `scaling`)."""
+    return any(r.get("mode") and not r.get("expr") and not r.get("scaling")
+               for r in self.problems(suite))
+
+  def is_fp8(self, suite: str) -> bool:
+    """Whether `suite` holds FP8 GEMMs with scales (rows with a `scaling`)."""
+    return any(r.get("scaling") for r in self.problems(suite))
 
   def is_epilogue(self, suite: str) -> bool:
     """Whether `suite` holds GEMM epilogue expressions (rows with an `expr`)."""
