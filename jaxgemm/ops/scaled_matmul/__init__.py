@@ -11,6 +11,8 @@
                   and the benchmark compares against)
     triton.py     backend "triton": jaxgemm.kernels.triton.scaled_matmul (FP8 wgmma,
                   partial sums promoted to fp32 every 128 of K)
+    pallas.py     backend "pallas": jaxgemm.kernels.pallas.scaled_matmul (Mosaic GPU,
+                  persistent warp-specialized, promoted to fp32 every 128 of K)
 
 Scale kinds: per tensor (shapes () and ()), per row of a and column of b
 ((M, 1), (1, N)), and blocks (1x128 of a, (M, ceil(K/128)); 128x128 of b,
@@ -22,12 +24,12 @@ pass). Training differentiates through the bf16 values instead:
 `jaxgemm.matmul(x, w, fp8=recipe)` (training.py) quantizes them on the fly and
 runs its dgrad and wgrad GEMMs in FP8 too, through `trans_a`/`trans_b`.
 
-Kernels: "triton" is registered after "xla" ("auto" runs XLA's program until a
-tuning record measures a kernel faster); the Pallas Mosaic GPU one is not yet.
+Kernels: "triton" and "pallas" are registered after "xla" ("auto" runs XLA's
+program until a tuning record measures a kernel faster).
 """
 
 from jaxgemm.ops.scaled_matmul import primitive  # noqa: F401 (registers the op first)
-from jaxgemm.ops.scaled_matmul import xla, triton  # noqa: F401 (backends, in this order)
+from jaxgemm.ops.scaled_matmul import xla, triton, pallas  # noqa: F401 (backends, in this order)
 from jaxgemm.ops.scaled_matmul.api import scaled_matmul
 from jaxgemm.ops.scaled_matmul.primitive import scaled_matmul_p
 from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem

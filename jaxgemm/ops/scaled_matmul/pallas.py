@@ -1,0 +1,223 @@
+"""The `pallas` backend of scaled_matmul: FP8 GEMMs with scales in Pallas Mosaic GPU.
+
+The kernel (`jaxgemm.kernels.pallas.scaled_matmul.scaled`, variant
+`warp_specialized`) is the matmul ladder's persistent warp-specialized
+structure with 128-deep K steps, each one scale block, whose wgmma products
+are promoted to an fp32 register sum with their scales every step (Hopper's
+FP8 wgmma accumulates with ~14 bits; see the kernel's docstring). Block scales
+apply per K step, per-tensor and per-row/column scales once to the fp32 sum;
+C is rounded once to out_dtype.
+
+Layouts. Hopper's FP8 wgmma reads both operands K-major only: A stored
+(M, K) and B stored (N, K), i.e. trans_a=False, trans_b=True, which run as
+they are. Any other layout is relaid by an XLA transpose before the kernel:
+trans_a=True transposes A (one read and one write of M x K bytes), and
+trans_b=False, the plain `x @ w` with w stored (K, N), transposes B (K x N
+bytes each way) on every call. Against the GEMM's 2 M N K flops that is small
+for large M, but for a weight reused across calls, store it (N, K) and pass
+trans_b=True (`jaxgemm.matmul(..., fp8=...)`'s dgrad already does).
+
+Mixed fp8 pairs (e4m3 x e5m2). jax 0.10.2's Mosaic GPU refuses wgmma operands
+of different dtypes ("Mixed input dtypes for matrix multiplication
+unsupported"), though PTX has e4m3 x e5m2 wgmma (later jax added it: Mosaic
+GPU commit e473541979). So a mixed pair is cast to float16 by the same XLA
+pre-pass (both fp8 formats are exact in float16: e5m2 is float16's top byte,
+e4m3's range and subnormals lie inside float16's), and the same kernel runs
+16-bit wgmma: the same result, at half the FP8 rate and with 2-byte operands
+in SMEM (fewer stages). Not measured.
+
+`backend="auto"` keeps XLA's program: no GPU measurement of this kernel yet.
+On `cpu` the same kernel runs in the Mosaic GPU interpreter, which handles
+fp8 SMEM, TMA and wgmma (numpy's matmul of ml_dtypes' fp8 types, in fp32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgemm import pallas_call, registry
+from jaxgemm.config import KernelConfig
+from jaxgemm.ops.matmul import pallas as matmul_pallas
+from jaxgemm.ops.matmul.pallas import PallasConfig
+from jaxgemm.ops.matmul.problem import GemmProblem
+from jaxgemm.ops.scaled_matmul import xla as scaled_xla
+from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_KINDS,
+                                               ScaledMatmulProblem)
+
+VARIANTS = ("warp_specialized",)
+# Both fp32 arrays of a consumer warpgroup (the step's wgmma accumulator and the
+# promoted sum), (tile_m / 2) x tile_n each: at most 128 registers per thread.
+_MAX_ACC_ELEMENTS = 2 * 64 * 128
+_MAX_STAGES = 8        # PallasConfig.max_concurrent_steps' range
+_EPI_TILE_M = 64
+# What a mixed e4m3 x e5m2 pair runs as (exact for both; module docstring).
+MIXED_DTYPE = np.dtype(np.float16)
+
+
+def _names(dtypes) -> list[str]:
+  return [np.dtype(d).name for d in dtypes]
+
+
+def kernel_dtype(problem: ScaledMatmulProblem) -> np.dtype:
+  """The dtype the kernel's wgmma reads: the fp8 dtype, or float16 for a mixed pair."""
+  if np.dtype(problem.dtype) == np.dtype(problem.b_dtype):
+    return np.dtype(problem.dtype)
+  return MIXED_DTYPE
+
+
+def kernel_problem(problem: ScaledMatmulProblem) -> GemmProblem:
+  """The GEMM the kernel runs: K-major operands (trans_a=False, trans_b=True) in
+  `kernel_dtype`."""
+  return dataclasses.replace(problem.as_gemm(), dtype=kernel_dtype(problem), trans_a=False,
+                             trans_b=True)
+
+
+def k_major_operands(problem: ScaledMatmulProblem, a, b):
+  """The XLA pre-pass: A (batch, M, K) and B (batch, N, K) in `kernel_dtype` (a
+  transpose of an operand stored the other way, a cast of a mixed pair; one
+  fusion per operand, nothing for the K-major layout of one fp8 dtype)."""
+  dtype = kernel_dtype(problem)
+  if problem.trans_a:
+    a = jnp.swapaxes(a, 1, 2)
+  if not problem.trans_b:
+    b = jnp.swapaxes(b, 1, 2)
+  return a.astype(dtype), b.astype(dtype)
+
+
+def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig) -> dict[str, int]:
+  """Shared memory the kernel allocates for `config`, by buffer."""
+  item = kernel_dtype(problem).itemsize
+  stages = max(2, config.max_concurrent_steps)
+  return {"a": stages * config.tile_m * BLOCK * item,
+          "b": stages * config.tile_n * BLOCK * item,
+          # two epilogue slots per consumer warpgroup, each (64, epi_tile_n)
+          "out": 2 * 2 * _EPI_TILE_M * min(config.epi_tile_n, config.tile_n)
+                 * np.dtype(problem.out_dtype).itemsize}
+
+
+def _mosaic_gpu_error() -> str | None:
+  return matmul_pallas._mosaic_gpu_error()
+
+
+class PallasScaledMatmul(registry.Backend):
+  op = "scaled_matmul"
+  name = "pallas"
+  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul",
+                    "jaxgemm.kernels.pallas.scaled_matmul", "jaxgemm.ops.scaled_matmul.pallas")
+  config_cls = PallasConfig
+  variants = VARIANTS
+
+  def unavailable_reason(self) -> str | None:
+    return _mosaic_gpu_error()
+
+  def check(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig) -> None:
+    what = "backend='pallas' scaled_matmul"
+    for name, dtype in (("a", problem.dtype), ("b", problem.b_dtype)):
+      if np.dtype(dtype) not in FP8_DTYPES:
+        raise NotImplementedError(f"{what} takes fp8 operands {_names(FP8_DTYPES)}; got "
+                                  f"{name}.dtype={np.dtype(dtype).name}")
+    if np.dtype(problem.out_dtype) not in OUT_DTYPES:
+      raise NotImplementedError(f"{what} writes {_names(OUT_DTYPES)}; got "
+                                f"out_dtype={np.dtype(problem.out_dtype).name}")
+    if problem.scale_kind not in SCALE_KINDS:
+      raise NotImplementedError(f"{what} takes scale_kind in {SCALE_KINDS}; got "
+                                f"scale_kind={problem.scale_kind!r}")
+    reason = _mosaic_gpu_error()
+    if reason is not None:
+      raise NotImplementedError(f"{what} needs Mosaic GPU: {reason}")
+    if jax.config.jax_enable_x64:
+      raise NotImplementedError(f"{what} does not run with jax_enable_x64=True (the kernel "
+                                f"indexes in int32); backend='xla' does")
+    if variant not in VARIANTS:
+      raise ValueError(f"unknown variant={variant!r} for {what}; valid variants: "
+                       f"{list(VARIANTS)}")
+    if not isinstance(config, PallasConfig):
+      raise TypeError(f"{what} takes a PallasConfig; got {type(config).__name__}")
+    tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
+    epi_tile_n = config.epi_tile_n
+    if tile_k != BLOCK:
+      raise ValueError(f"{what}: {tile_k=} must be {BLOCK}: each K step is one 128-wide "
+                       f"scale block, where the fp8 partial sums are promoted to fp32")
+    if tile_m < 128:
+      raise ValueError(f"{what} splits tile_m between two consumer warpgroups of >= 64 "
+                       f"rows each: {tile_m=} must be 128 or 256")
+    if tile_m // 2 * tile_n * 2 > _MAX_ACC_ELEMENTS:
+      raise ValueError(
+          f"{what} keeps two fp32 arrays of (tile_m / 2) x tile_n per consumer warpgroup "
+          f"(the K step's wgmma accumulator and the promoted sum): {tile_m=}, {tile_n=} need "
+          f"more than 128 registers per thread; use tile_m * tile_n <= 16384 (128x128, "
+          f"256x64, 128x64)")
+    if epi_tile_n < tile_n and tile_n % epi_tile_n:
+      raise ValueError(f"{what}: {tile_n=} must be divisible by {epi_tile_n=}")
+    if (config.cluster_m, config.cluster_n) != (1, 1):
+      raise ValueError(f"{what} variant={variant!r} does not use clusters: cluster_m="
+                       f"{config.cluster_m}, cluster_n={config.cluster_n} must be 1")
+    if config.split_rounds != 1:
+      raise ValueError(f"{what} does not split tiles along K: split_rounds="
+                       f"{config.split_rounds} must be 1")
+    parts = smem_bytes(problem, config)
+    total = sum(parts.values())
+    if total > matmul_pallas._SMEM_CAPACITY_BYTES:
+      detail = " + ".join(f"{k}={v}" for k, v in parts.items())
+      raise ValueError(
+          f"{what} with {tile_m=}, {tile_n=}, max_concurrent_steps="
+          f"{config.max_concurrent_steps} ({kernel_dtype(problem).name} operands in SMEM) "
+          f"needs {total} bytes of shared memory ({detail}), more than the "
+          f"{matmul_pallas._SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; lower "
+          f"max_concurrent_steps or the tiles")
+
+  def default_config(self, problem: ScaledMatmulProblem, variant: str) -> PallasConfig:
+    """128x128 tiles, 128-deep K steps, as many stages as fit 227 KiB (max 8).
+
+    A consumer's two fp32 arrays cap the tile at 16384 elements; 128x128 loads
+    the fewest operand bytes per output among those (256x64 loads 25% more).
+    M <= 128 gets 64-wide N tiles (twice the CTAs for a skinny problem, as the
+    matmul's heuristic does for 16-bit). fp8 128x128: 32 KiB a stage, so 6
+    stages with a bf16 or fp32 epilogue; a mixed pair's float16 operands: 64
+    KiB a stage, 3 stages. Not yet measured on a GPU.
+    """
+    skinny = problem.m <= 128
+    tile_m = 128
+    tile_n = matmul_pallas._pow2_at_least(problem.n, 64, 64 if skinny else 128)
+    config = PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=BLOCK,
+                          max_concurrent_steps=_MAX_STAGES, epi_tile_n=min(64, tile_n))
+    while (sum(smem_bytes(problem, config).values()) > matmul_pallas._SMEM_CAPACITY_BYTES
+           and config.max_concurrent_steps > 2):
+      config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
+    return config
+
+  def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, PallasConfig]]:
+    """The default, 256x64 tiles, and the tile walk along M."""
+    default = self.default_config(problem, "warp_specialized")
+    wide = dataclasses.replace(default, tile_m=256, tile_n=64, epi_tile_n=64)
+    return [("warp_specialized", default), ("warp_specialized", wide),
+            ("warp_specialized", dataclasses.replace(default, grid_minor_m=True))]
+
+  def impl(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig,
+           platform: str):
+    if platform not in ("cuda", "cpu"):
+      raise NotImplementedError(f"backend='pallas' runs on cuda (or the cpu interpreter), "
+                                f"not {platform!r}")
+    interpret = platform == "cpu"
+    empty = 0 in (problem.batch, problem.m, problem.n, problem.k)
+    laid_out = kernel_problem(problem)
+
+    def pallas_scaled_matmul(a, b, a_scale, b_scale):
+      if empty:   # nothing to launch: zeros (K = 0) or an empty result
+        return scaled_xla.scaled_product(problem, a, b, a_scale, b_scale)
+      from jaxgemm.kernels.pallas.scaled_matmul import scaled  # noqa: PLC0415 (Mosaic GPU)
+      a, b = k_major_operands(problem, a, b)
+      return scaled.scaled(a, b, a_scale, b_scale, laid_out, config,
+                           scale_kind=problem.scale_kind, interpret=interpret)
+
+    if not interpret or empty:
+      return pallas_scaled_matmul
+    return pallas_call.interpreted(
+        pallas_scaled_matmul, jax.ShapeDtypeStruct(problem.out_shape, problem.out_dtype))
+
+
+registry.register(PallasScaledMatmul())

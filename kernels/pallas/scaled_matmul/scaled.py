@@ -1,0 +1,289 @@
+"""FP8 GEMMs with scales: a persistent warp-specialized kernel that promotes every 128 of K.
+
+C[b] = (A[b] * a_scale) @ (B[b] * b_scale) for A stored (M, K) and B stored
+(N, K): both operands K-major, the only layout Hopper's FP8 wgmma reads
+(Mosaic GPU raises "Only f16 WGMMA supports transposes" otherwise). The
+backend (`jaxgemm.ops.scaled_matmul.pallas`) brings other layouts here.
+
+Structure: the matmul ladder's rung 3 (`matmul.warp_specialized`): one CTA
+per SM walking its share of the tiles in `common.tile_coords`' order, a
+producer warpgroup TMA-loading A's (tile_m, 128) and B's (tile_n, 128) blocks
+into a `stages`-deep ring of 128-byte-swizzled SMEM slots that runs across
+tiles (`loaded` / `consumed` barriers), two consumer warpgroups each owning
+tile_m / 2 rows, and a tiled epilogue through two SMEM slots per consumer
+(or exact plain stores when C's rows are not TMA-addressable,
+`warp_specialized.store_exact`). Ragged M, N, K are TMA's zero fill and
+dropped stores, as in the matmul; K is zero-padded to whole 128-byte rows.
+
+What differs, and why this is its own kernel rather than a switch on
+`warp_specialized.persistent_kernel`:
+* Promotion. Hopper's FP8 wgmma accumulates with about 14 bits of mantissa
+  (DeepSeek-V3 report), so the error of one long accumulation grows with K.
+  Each K step here is one 128-wide scale block: its wgmma goes into a fresh
+  accumulator (`plgpu.ACC` scoped to the step, zero at allocation), which is
+  read back once the wgmma is done and added, times the block's scales, into
+  an fp32 register accumulator carried by the K loop (DeepGEMM's scheme). The
+  wgmma is waited for every step (none stays in flight across steps as in the
+  matmul): the two consumers interleave, so one's promotion runs under the
+  other's wgmma. The step's ring slot goes back to the producer as soon as its
+  wgmma has finished.
+* Registers. A consumer holds two fp32 arrays of (tile_m / 2) x tile_n (the
+  step's wgmma accumulator and the promoted sum): tile_m * tile_n <= 16384
+  (128x128, 256x64, 128x64), as the GLU's dual accumulators.
+* Scales. The kernel takes a_scale as (batch, Ks, M) and b_scale as (batch,
+  Ks, N) in fp32 (the wrapper lays them out): with block scales Ks = ceil(K /
+  128), a_scale transposed so a K block's column of row scales is contiguous
+  and b_scale's 128x128 blocks repeated over their columns, and each K step
+  multiplies its block product by a_scale[kb, rows] (outer) b_scale[kb, cols],
+  read from GMEM (L2) by the consumer, its loads issued while the wgmma runs.
+  Per-tensor and per-row/column scales (Ks = 1) multiply the promoted sum once,
+  before the epilogue; the promotion every 128 of K applies all the same.
+* A switch on the matmul's body would change `warp_specialized.py`, whose code
+  versions every shipped Pallas tuning record of matmul, glu and fused_matmul
+  (`tuning_cache.kernel_version`): they would read stale until re-tuned or
+  restamped on the GPU. The loop this kernel changes is the heart of that
+  body; stream-K, ping-pong, fused epilogues and the second weight do not
+  apply. So the producer, tile order and epilogue follow rung 3 here, reusing
+  its helpers (`common`, `warp_specialized.store_exact`).
+
+Not measured on a GPU yet (the cuda lowering is checked on the CPU:
+tests/test_scaled_matmul_pallas.py). Possible next steps: the scales through
+the ring by TMA (DeepGEMM loads a_scale so), 2-CTA clusters multicasting the
+shared operand, as rung 4.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from jaxgemm.kernels.pallas import common
+from jaxgemm.kernels.pallas.matmul import warp_specialized as ws
+
+# One K step: one scale block along K, one promotion interval, and for fp8 one
+# 128-byte swizzle row of each operand's SMEM tile.
+BLOCK = 128
+EPI_TILE_M = ws.EPI_TILE_M
+# Both fp32 arrays of a consumer warpgroup: at most 128 registers per thread.
+MAX_ACC_ELEMENTS = 2 * 64 * 128
+
+
+def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: common.Dims,
+                  tm: int, tn: int, stages: int, epi_tn: int, per_block: bool,
+                  grid_minor_m: bool, grid_group: int, workers: int, exact_out: bool,
+                  interpret: bool):
+  """The persistent body: A (batch, M, K), B (batch, N, K), scales (batch, Ks, M | N)."""
+  tk = BLOCK
+  f32 = jnp.float32
+  dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
+  rows = tm // 2                       # per consumer warpgroup
+  k_iters = common.cdiv(dims.k, tk)
+  m_tiles, n_tiles = common.cdiv(dims.m, tm), common.cdiv(dims.n, tn)
+  worker = lax.axis_index("sm")
+  total_tiles = dims.batch * m_tiles * n_tiles
+  swizzle = common.operand_swizzle(tm, tn, tk, dtype, False, True)
+  pieces = [(em, en) for em in range(rows // EPI_TILE_M) for en in range(tn // epi_tn)]
+
+  def tile_origin(lin):
+    return common.tile_coords(lin, m_tiles, n_tiles, dims.batch, grid_minor_m, grid_group)
+
+  def read_vector(ref, layout):
+    """A GMEM vector in fp32 registers, in the accumulator's row or column layout."""
+    if interpret:   # the interpreter reads GMEM by indexing and has no layouts
+      return ref[...]
+    return plgpu.layout_cast(common.load_gmem(ref), layout)
+
+  def scale_of(bi, ks, row0, n0):
+    """a_scale[ks, rows] (outer) b_scale[ks, cols] over this consumer's (rows, tn)."""
+    a_s = read_vector(a_scale_gmem.at[bi, ks, pl.ds(row0, rows)], plgpu.Layout.WGMMA.reduce(1))
+    b_s = read_vector(b_scale_gmem.at[bi, ks, pl.ds(n0, tn)], plgpu.Layout.WGMMA.reduce(0))
+    return (lax.broadcast_in_dim(a_s, (rows, tn), (0,))
+            * lax.broadcast_in_dim(b_s, (rows, tn), (1,)))
+
+  if exact_out:   # plain stores from one row-major staging slot per consumer
+    out_smem_type = plgpu.SMEM((2, EPI_TILE_M, epi_tn), out_dtype)
+  else:           # two swizzled TMA-store slots per consumer
+    out_smem_type = common.out_smem_type(EPI_TILE_M, epi_tn, out_dtype, 2, 2)
+
+  @functools.partial(
+      pl.run_scoped,
+      a_smem=common.a_smem_type(tm, tk, dtype, False, stages, swizzle=swizzle),
+      b_smem=common.b_smem_type(tk, tn, dtype, True, stages, swizzle=swizzle),
+      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),     # A's and B's copies
+      consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),   # both consumers
+      out_smem=out_smem_type,
+      collective_axes="wg",
+  )
+  def _scope(a_smem, b_smem, loaded, consumed, out_smem):
+    wg = lax.axis_index("wg")
+    my_tiles = lax.div(total_tiles - worker + workers - 1, workers)
+
+    def store(total, bi, mi, ni, row0, n0, i):
+      """This consumer's rows of the tile into C, in (64, epi_tn) pieces: C's one rounding."""
+      for p, (em, en) in enumerate(pieces):
+        local = (slice(em * EPI_TILE_M, (em + 1) * EPI_TILE_M),
+                 slice(en * epi_tn, (en + 1) * epi_tn))
+        piece = total[local].astype(out_dtype)
+        r0, c0 = row0 + em * EPI_TILE_M, n0 + en * epi_tn
+        if exact_out:
+          out_smem[wg] = piece
+          row_cases = [(mi < m_tiles - 1, EPI_TILE_M)] + [
+              ((mi == m_tiles - 1) & (wg == part), rows_left)
+              for part, rows_left in enumerate(ws.last_tile_rows(dims.m, tm, em, 2))]
+          col_cases = [(ni < n_tiles - 1, epi_tn),
+                       (ni == n_tiles - 1, ws.last_tile_cols(dims.n, tn, epi_tn, en))]
+          ws.store_exact(out_smem.at[wg], c_gmem.at[bi], r0, c0, row_cases, col_cases, True,
+                         ws.store_vector_size(dims.n, epi_tn, out_dtype), interpret)
+          continue
+        # Slots alternate over every piece of every tile: with an odd piece count
+        # per tile, a per-tile count would reuse the slot of the store just issued.
+        slot = lax.rem(i * len(pieces) + p, 2)
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)   # the slot's store, two back
+        out_smem[wg, slot] = piece
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                c_gmem.at[bi, pl.ds(r0, EPI_TILE_M), pl.ds(c0, epi_tn)])
+
+    @pl.when(wg == 2)
+    def _producer():
+      plgpu.set_max_registers(ws.PRODUCER_REGISTERS, action="decrease")
+
+      @pl.loop(0, my_tiles)
+      def _tile(i):
+        bi, mi, ni = tile_origin(worker + i * workers)
+
+        @pl.loop(0, k_iters)
+        def _k_step(ki):
+          step = i * k_iters + ki          # ring position, counted over all tiles
+          slot = lax.rem(step, stages)
+
+          @pl.when(step >= stages)
+          def _wait_free():
+            plgpu.barrier_wait(consumed.at[slot])
+
+          plgpu.copy_gmem_to_smem(common.a_block(a_gmem.at[bi], mi * tm, ki * tk, tm, tk, False),
+                                  a_smem.at[slot], loaded.at[slot])
+          plgpu.copy_gmem_to_smem(common.b_block(b_gmem.at[bi], ki * tk, ni * tn, tk, tn, True),
+                                  b_smem.at[slot], loaded.at[slot])
+
+      # Every slot's last release is waited for too, so each barrier's phases
+      # are all consumed before the CTA exits.
+      steps = my_tiles * k_iters
+
+      @pl.loop(jnp.maximum(steps - stages, 0), steps)
+      def _drain(step):
+        plgpu.barrier_wait(consumed.at[lax.rem(step, stages)])
+
+    @pl.when(wg < 2)
+    def _consumers():
+      plgpu.set_max_registers(ws.CONSUMER_REGISTERS, action="increase")
+      wg_rows = pl.ds(wg * rows, rows)
+
+      @pl.loop(0, my_tiles)
+      def _tile(i):
+        bi, mi, ni = tile_origin(worker + i * workers)
+        row0, n0 = mi * tm + wg * rows, ni * tn
+
+        def k_step(ki, total):
+          step = i * k_iters + ki
+          slot = lax.rem(step, stages)
+          plgpu.barrier_wait(loaded.at[slot])
+
+          def block_product(acc_ref):
+            plgpu.wgmma(acc_ref, a_smem.at[slot, wg_rows, :], common.transposed(b_smem.at[slot]))
+            # Issued under the wgmma; reading acc_ref waits for it.
+            scale = scale_of(bi, ki, row0, n0) if per_block else None
+            return acc_ref[...], scale
+
+          part, scale = pl.run_scoped(block_product, plgpu.ACC((rows, tn), f32))
+          plgpu.barrier_arrive(consumed.at[slot])   # the wgmma has read the slot
+          return total + (part * scale if per_block else part)
+
+        zeros = jnp.zeros((rows, tn), f32)
+        if not interpret:
+          zeros = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+        total = lax.fori_loop(0, k_iters, k_step, zeros)
+        if not per_block:
+          total = total * scale_of(bi, 0, row0, n0)
+        store(total, bi, mi, ni, row0, n0, i)
+
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # every store lands before exit
+
+
+def kernel_scales(a_scale, b_scale, scale_kind: str, batch: int, m: int, n: int,
+                  m_rows: int, n_cols: int):
+  """The scales as the kernel reads them: (batch, Ks, m_rows), (batch, Ks, n_cols) fp32.
+
+  From the op's canonical scales (`ScaledMatmulProblem`'s shapes): "block"
+  a_scale (batch, M, Kb) transposed, b_scale (batch, Kb, Nb) repeated over
+  each block's 128 columns; "row_col" (batch, M, 1), (batch, 1, N) transposed
+  or as is; "tensor" scalars broadcast to a row and a column. M and N are
+  padded (with ones) to the tiles' cover, `m_rows` and `n_cols`, so no scale
+  read leaves the arrays. Their size is K/128 floats per row of A and per
+  column of B: about 3% of the fp8 operands' bytes.
+  """
+  f32 = jnp.float32
+  if scale_kind == "tensor":
+    a_s = jnp.broadcast_to(jnp.asarray(a_scale, f32), (batch, 1, m))
+    b_s = jnp.broadcast_to(jnp.asarray(b_scale, f32), (batch, 1, n))
+  elif scale_kind == "row_col":
+    a_s, b_s = jnp.swapaxes(a_scale, 1, 2), b_scale
+  else:
+    a_s = jnp.swapaxes(a_scale, 1, 2)
+    b_s = jnp.repeat(b_scale, BLOCK, axis=2, total_repeat_length=b_scale.shape[2] * BLOCK)
+    b_s = b_s[:, :, :n]
+  a_s = jnp.pad(a_s.astype(f32), ((0, 0), (0, 0), (0, m_rows - m)), constant_values=1)
+  b_s = jnp.pad(b_s.astype(f32), ((0, 0), (0, 0), (0, n_cols - n)), constant_values=1)
+  return a_s, b_s
+
+
+def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
+           interpret: bool = False):
+  """C = (A * a_scale) @ (B * b_scale) for a K-major `problem` (trans_a False,
+  trans_b True: A (batch, M, K), B (batch, N, K), one dtype), the scales in
+  the op's canonical shapes for `scale_kind`."""
+  if problem.trans_a or not problem.trans_b:
+    raise ValueError(f"the scaled kernel reads both operands K-major (trans_a=False, "
+                     f"trans_b=True); got trans_a={problem.trans_a}, trans_b={problem.trans_b}")
+  if jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
+    raise ValueError(f"the scaled kernel takes one operand dtype; got {a.dtype} and {b.dtype}")
+  tm, tn = config.tile_m, config.tile_n
+  if config.tile_k != BLOCK:
+    raise ValueError(f"the scaled kernel's K step is one scale block: tile_k={config.tile_k} "
+                     f"must be {BLOCK}")
+  if tm // 2 * tn * 2 > MAX_ACC_ELEMENTS:
+    raise ValueError(f"two fp32 arrays of (tile_m / 2) x tile_n per consumer: tile_m={tm}, "
+                     f"tile_n={tn} need more than 128 registers per thread")
+  out_dtype = jnp.dtype(problem.out_dtype)
+  epi_tn = min(config.epi_tile_n, tn)
+  per_block = scale_kind == "block"
+
+  def call(a, b, dims):
+    k_iters = common.cdiv(dims.k, BLOCK)
+    stages = max(2, min(config.max_concurrent_steps, k_iters))
+    m_tiles, n_tiles = common.cdiv(dims.m, tm), common.cdiv(dims.n, tn)
+    grid = max(1, min(common.num_sms(interpret), dims.batch * m_tiles * n_tiles))
+    a_s, b_s = kernel_scales(a_scale, b_scale, scale_kind, dims.batch, problem.m, problem.n,
+                             m_tiles * tm, n_tiles * tn)
+    body = functools.partial(
+        scaled_kernel, dims=dims, tm=tm, tn=tn, stages=stages, epi_tn=epi_tn,
+        per_block=per_block, grid_minor_m=config.grid_minor_m, grid_group=config.grid_group,
+        workers=grid, exact_out=exact_out, interpret=interpret)
+    return plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((dims.batch, dims.m, dims.n), out_dtype),
+        num_threads=3,          # two consumer warpgroups + the producer
+        thread_name="wg",
+        compiler_params=common.compiler_params(),
+        interpret=common.interpret_params() if interpret else None,
+        grid=(grid,), grid_names=("sm",),
+    )(a, b, a_s, b_s)
+
+  exact_out = (common.stores_exact(problem, out_dtype)
+               and ws.exact_store_fits(problem.m, problem.n, tm, tn, epi_tn, out_dtype))
+  return common.run_padded(call, a, b, problem, out_dtype=out_dtype, exact_out=exact_out)
