@@ -420,3 +420,25 @@ def test_report_renders_the_issue_28_targets(tmp_path):
   # the FP8 step is not the dense model's default target (issue 6's "<= XLA's step")
   assert not any("fp8." in line for line in tables.defaults_summary(run))
   assert "| XLA dot (bf16) | ok |" in report
+
+
+def test_a_step_run_alone_merges_with_the_gemm_run(tmp_path):
+  """The GEMM table from one command (its step skipped by the budget) and the step from
+  another (`--only 'fp8.*'`): the merged report has the measured step rows only."""
+  _synthetic_fp8_csv(tmp_path / "full.csv")
+  rows = csvio.read_csv(tmp_path / "full.csv")
+  gemm_run = [dict(r, status="skipped", time_ms_median="", speedup_vs_xla="")
+              if r["kind"] == "train_step" else r for r in rows]
+  step_run = [dict(r, run_id="h100-fp8-step") for r in rows if r["kind"] == "train_step"]
+  for name, part in (("a.csv", gemm_run), ("b.csv", step_run)):
+    w = csvio.CsvWriter(tmp_path / name)
+    for r in part:
+      w(r)
+    w.close()
+  merged = csvio.merge_csvs([tmp_path / "a.csv", tmp_path / "b.csv"], tmp_path / "m" / "results.csv")
+  run = generate(merged)["run"]
+  steps = [r for r in run.rows if r["kind"] == "train_step"]
+  assert len(steps) == len(_STEP_MS) and all(r["status"] == "ok" for r in steps)
+  table = "\n".join(tables.fp8_targets_table(run))
+  assert f"FP8 training step ({T.GPU_FP8_MODEL.name}), fp8=tensor" in table
+  assert "skipped" not in "\n".join(tables.training_table(run))

@@ -31,21 +31,25 @@ def _merged_view(rows: list[dict]) -> list[dict]:
     labelled with it ("square (fp32)"), so that tables never put an fp32 time
     next to a bf16 one, and the plots keep the first dtype's suites.
   * A problem skipped in one run (out of time) and measured in another: the
-    measured rows win.
+    measured rows win. So do a training step's (`train_step`; its per-step
+    `train_loss` rows, which only a measured step has, are the last run's): a
+    suite's GEMMs and its step may come from separate commands (the fp8 suite's
+    `--only 'fp8.*'`).
   """
   gemm_dtypes = list(dict.fromkeys(r["dtype"] for r in rows if r["kind"] == "gemm"))
   if len(gemm_dtypes) > 1:
     rows = [dict(r, suite=f"{r['suite']} ({r['dtype']})")
             if r["kind"] == "gemm" and r["dtype"] != gemm_dtypes[0] else r for r in rows]
+  deduped = ("gemm", "train_step", "train_loss")
   keep: dict[tuple, int] = {}
   for i, r in enumerate(rows):
-    if r["kind"] != "gemm":
+    if r["kind"] not in deduped:
       continue
-    key = (r["suite"], r["problem"], r["backend"], r["variant"])
+    key = (r["kind"], r["suite"], r["problem"], r["backend"], r["variant"], r.get("step", ""))
     if key not in keep or r["status"] != "skipped" or rows[keep[key]]["status"] == "skipped":
       keep[key] = i
   chosen = set(keep.values())
-  return [r for i, r in enumerate(rows) if r["kind"] != "gemm" or i in chosen]
+  return [r for i, r in enumerate(rows) if r["kind"] not in deduped or i in chosen]
 
 
 class Run:
