@@ -627,9 +627,10 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
 
   kernels = []   # (backend, variant, note)
   if cfg.fp8:
-    # The default and jaxgemm's kernels first, XLA's FP8 (the xla backend: its block
-    # recipe is a fori_loop per GEMM, the slowest run) last, for a run a budget stops.
-    backends = sorted(backends, key=lambda b: b == "xla")
+    # jaxgemm's kernels first, then the default (which may pick XLA's program: "auto stays
+    # on XLA until measured"), XLA's FP8 (the xla backend: its block recipe is a fori_loop
+    # per GEMM, the slowest run) last: a run that a budget stops has the kernels' steps.
+    backends = sorted(backends, key=lambda b: (b == "xla", b == AUTO))
   for b in backends:
     if cfg.fp8 and (b == AUTO or b in jaxgemm.backends(op)):
       kernels += _fp8_runs(ctx, b, op)
