@@ -99,6 +99,15 @@ def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig) -> dict[str, 
                  * np.dtype(problem.out_dtype).itemsize}
 
 
+def fit_stages(problem: ScaledMatmulProblem, config: PallasConfig) -> PallasConfig:
+  """`config` with the deepest ring (at most 8 stages, at least 2) that fits shared memory."""
+  config = dataclasses.replace(config, max_concurrent_steps=_MAX_STAGES)
+  while (sum(smem_bytes(problem, config).values()) > matmul_pallas._SMEM_CAPACITY_BYTES
+         and config.max_concurrent_steps > 2):
+    config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
+  return config
+
+
 def _mosaic_gpu_error() -> str | None:
   return matmul_pallas._mosaic_gpu_error()
 
@@ -183,17 +192,13 @@ class PallasScaledMatmul(registry.Backend):
     skinny = problem.m <= 128
     tile_m = 128
     tile_n = matmul_pallas._pow2_at_least(problem.n, 64, 64 if skinny else 128)
-    config = PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=BLOCK,
-                          max_concurrent_steps=_MAX_STAGES, epi_tile_n=min(64, tile_n))
-    while (sum(smem_bytes(problem, config).values()) > matmul_pallas._SMEM_CAPACITY_BYTES
-           and config.max_concurrent_steps > 2):
-      config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
-    return config
+    return fit_stages(problem, PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=BLOCK,
+                                            epi_tile_n=min(64, tile_n)))
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, PallasConfig]]:
     """The default, 256x64 tiles, and the tile walk along M."""
     default = self.default_config(problem, "warp_specialized")
-    wide = dataclasses.replace(default, tile_m=256, tile_n=64, epi_tile_n=64)
+    wide = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64, epi_tile_n=64))
     return [("warp_specialized", default), ("warp_specialized", wide),
             ("warp_specialized", dataclasses.replace(default, grid_minor_m=True))]
 

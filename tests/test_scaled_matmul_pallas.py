@@ -1,0 +1,291 @@
+"""The pallas backend of scaled_matmul: its checks, heuristic, promotion and cuda lowering.
+
+tests/test_scaled_matmul.py runs the kernel (in the Mosaic GPU interpreter on
+the CPU) through every case of the op; here what is the backend's own:
+
+* `check` refuses what the kernel cannot run, naming the argument and what is valid;
+* every default config is valid for large problems in every layout;
+* the promotion: each K step's wgmma starts from a zero accumulator (one 128-wide
+  scale block), and with the interpreter's wgmma made to keep 14 bits as Hopper's
+  FP8 tensor cores do, the result stays within fp32-level error at K = 16384;
+* the kernel lowers for cuda (Mosaic GPU's own checks: fp8 wgmma operands
+  K-major, layout inference) on the CPU, under the local jax;
+* on a GPU (`gpu` marker), large problems against float64.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgemm
+from gemm_testing import as_f64, assert_gemm_close
+from jaxgemm import registry
+from jaxgemm.ops.matmul.pallas import PallasConfig
+from jaxgemm.ops.scaled_matmul import pallas as scaled_pallas
+from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem
+from test_scaled_matmul import (A_BLOCK, ACC_TOL, B_BLOCK, BF16, E4M3, E5M2, F16, F32, check,
+                                operands, reference)
+
+pytestmark = pytest.mark.skipif(
+    registry.get_backend("pallas", "scaled_matmul").unavailable_reason() is not None,
+    reason="Mosaic GPU is not importable")
+
+BACKEND = registry.get_backend("pallas", "scaled_matmul")
+VARIANT = "warp_specialized"
+# The issue's shapes, MxKxN.
+LARGE = [(8192, 8192, 8192), (8192, 4096, 14336), (128, 4096, 14336)]
+LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+def problem(m, k, n, *, a=E4M3, b=E4M3, out=BF16, kind="block", trans_a=False, trans_b=False,
+            batch=1):
+  return ScaledMatmulProblem(batch, m, n, k, a, out, F32, trans_a, trans_b, None, b_dtype=b,
+                             scale_kind=kind)
+
+
+# ---------------------------------------------------------------- check and heuristic
+
+
+GOOD = PallasConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4, epi_tile_n=64)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(tile_k=64), ValueError, r"tile_k=64 must be 128"),
+    (dict(tile_m=64), ValueError, r"tile_m=64 must be 128 or 256"),
+    (dict(tile_m=256, tile_n=128), ValueError, r"tile_m=256, tile_n=128 need more than 128 "
+                                               r"registers.*128x128, 256x64"),
+    (dict(tile_n=128, epi_tile_n=256), None, None),
+    (dict(tile_n=64, epi_tile_n=32), None, None),
+    (dict(cluster_n=2), ValueError, r"does not use clusters: cluster_m=1, cluster_n=2 must be 1"),
+    (dict(split_rounds=2), ValueError, r"split_rounds=2 must be 1"),
+    (dict(max_concurrent_steps=8), ValueError, r"needs 294912 bytes of shared memory "
+                                               r"\(a=131072 \+ b=131072 \+ out=32768\)"),
+])
+def test_check_names_the_argument(change, error, match):
+  config = dataclasses.replace(GOOD, **change)
+  p = problem(1024, 1024, 1024)
+  if error is None:
+    BACKEND.check(p, VARIANT, config)
+    return
+  with pytest.raises(error, match=match):
+    BACKEND.check(p, VARIANT, config)
+
+
+def test_check_refuses_other_dtypes_variants_and_configs():
+  p = problem(256, 256, 256)
+  with pytest.raises(ValueError, match=r"unknown variant='clusters'.*\['warp_specialized'\]"):
+    BACKEND.check(p, "clusters", GOOD)
+  xla_config = registry.get_backend("xla", "scaled_matmul").default_config(p, "dot_general")
+  with pytest.raises(TypeError, match="takes a PallasConfig; got XlaConfig"):
+    BACKEND.check(p, VARIANT, xla_config)
+  bf = dataclasses.replace(p, dtype=np.dtype(jnp.bfloat16))
+  with pytest.raises(NotImplementedError, match=r"takes fp8 operands.*got a.dtype=bfloat16"):
+    BACKEND.check(bf, VARIANT, GOOD)
+  with pytest.raises(NotImplementedError, match=r"got b.dtype=float16"):
+    BACKEND.check(dataclasses.replace(p, b_dtype=F16), VARIANT, GOOD)
+  with pytest.raises(NotImplementedError, match=r"got out_dtype=float8_e4m3fn"):
+    BACKEND.check(dataclasses.replace(p, out_dtype=E4M3), VARIANT, GOOD)
+  # A mixed pair runs as float16: 64 KiB a stage at 128x128, so 4 stages do not fit.
+  mixed = problem(256, 256, 256, b=E5M2)
+  with pytest.raises(ValueError, match=r"float16 operands in SMEM\) needs 294912 bytes"):
+    BACKEND.check(mixed, VARIANT, GOOD)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS)
+@pytest.mark.parametrize("m,k,n", LARGE)
+def test_default_configs_are_valid_for_large_problems(m, k, n, trans_a, trans_b):
+  """Every scale kind, dtype pair and out dtype: the default config passes `check`,
+  with 128-deep K steps, 128x128 tiles (64-wide N for M <= 128) and the deepest
+  ring that fits."""
+  for kind in ("tensor", "row_col", "block"):
+    for a, b in ((E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)):
+      for out in (BF16, F16, F32):
+        p = problem(m, k, n, a=a, b=b, out=out, kind=kind, trans_a=trans_a, trans_b=trans_b)
+        config = BACKEND.default_config(p, VARIANT)
+        BACKEND.check(p, VARIANT, config)
+        assert config.tile_k == 128 and config.tile_m == 128
+        assert config.tile_n == (64 if m <= 128 else 128)
+        if config.max_concurrent_steps < 8:   # the ring is as deep as shared memory allows
+          deeper = dataclasses.replace(config,
+                                       max_concurrent_steps=config.max_concurrent_steps + 1)
+          with pytest.raises(ValueError, match="shared memory"):
+            BACKEND.check(p, VARIANT, deeper)
+  assert BACKEND.default_variant(p) == VARIANT
+
+
+def test_auto_stays_on_xla():
+  p = problem(8192, 8192, 8192, trans_b=True)
+  assert BACKEND.structural_win(p, "NVIDIA H100 80GB HBM3") is None
+
+
+def test_pre_pass_relays_only_what_wgmma_cannot_read():
+  """K-major fp8 passes untouched; other layouts are transposed, mixed pairs cast to
+  float16 (exact for both fp8 formats)."""
+  a = jnp.asarray(np.arange(12).reshape(1, 3, 4), E4M3)
+  b = jnp.asarray(np.arange(20).reshape(1, 5, 4), E4M3)
+  p = problem(3, 4, 5, trans_b=True)
+  a2, b2 = scaled_pallas.k_major_operands(p, a, b)
+  assert a2 is a and b2 is b
+  p = problem(4, 3, 4, trans_a=True)   # a stored (K, M) = (3, 4), b stored (K, N) = (3, 4)
+  a2, b2 = scaled_pallas.k_major_operands(p, a, jnp.swapaxes(b[:, :4, :3], 1, 2))
+  assert a2.shape == (1, 4, 3) and b2.shape == (1, 4, 3)
+  mixed = problem(3, 4, 5, b=E5M2, trans_b=True)
+  values = np.array([448, -448, 2.0**-9, 0.875, -3.5], np.float32)
+  q4 = jnp.asarray(values, E4M3)
+  q5 = jnp.asarray(np.array([57344, -2.0**-16, 1.5, 3.0, 0.0], np.float32), E5M2)
+  a2, b2 = scaled_pallas.k_major_operands(mixed, q4[None, None], q5[None, None])
+  assert a2.dtype == b2.dtype == np.float16
+  np.testing.assert_array_equal(as_f64(a2)[0, 0], as_f64(q4))
+  np.testing.assert_array_equal(as_f64(b2)[0, 0], as_f64(q5))
+
+
+# ---------------------------------------------------------------- the promotion
+
+
+@contextlib.contextmanager
+def fp8_accumulator(mantissa_bits: int = 13):
+  """The interpreter's wgmma made to keep `mantissa_bits` fraction bits (14
+  significant, truncated) in its accumulator, as Hopper's FP8 tensor cores do;
+  yields the list of whether each wgmma found its accumulator zero."""
+  try:
+    from jax._src.pallas.mosaic.interpret import utils as iutils
+    from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks as gc
+    from jaxgemm.kernels.pallas import common
+  except ImportError as e:
+    pytest.skip(f"no Mosaic GPU interpreter internals to patch: {e}")
+  common.interpret_params()   # the project's own patch first, so we wrap it
+  inner = gc.wgmma
+  drop = np.uint32((1 << (23 - mantissa_bits)) - 1)
+  started_at_zero = []
+
+  def acc_content(kw):
+    mem = gc._get_shared_memory()
+    tid = mem.get_global_thread_id(int(kw["device_id"]), int(kw["thread_id"]))
+    key = gc.HostAllocationKey.from_array(kw["acc_allocation_key_as_array"])
+    transforms = jax.tree.map(int, gc._remove_noop_transforms(kw["acc_transforms"]))
+    rnge = iutils.to_range(transforms)
+    val, _, _ = mem.get_buffer_content(key, rnge, tid)
+    return mem, key, rnge, tid, np.asarray(val, np.float32)
+
+  def wgmma(**kw):
+    started_at_zero.append(not np.any(acc_content(kw)[-1]))
+    token = inner(**kw)
+    mem, key, rnge, tid, val = acc_content(kw)
+    truncated = (val.view(np.uint32) & ~drop).view(np.float32)
+    mem.store_buffer_content(key, rnge, truncated, tid)
+    return token
+
+  gc.wgmma = wgmma
+  try:
+    yield started_at_zero
+  finally:
+    gc.wgmma = inner
+
+
+@pytest.mark.parametrize("kind", ["tensor", "block"])
+def test_each_k_block_is_promoted_to_fp32(kind, rng):
+  """K = 16320 (128 blocks, the last partial) with a 14-bit wgmma accumulator: every
+  wgmma starts from zero, and the error stays within ACC_TOL of |A| @ |B|. With
+  per-tensor scales, the same 14-bit accumulator carried across all blocks (what no
+  promotion would give; block scales cannot even be applied so) errs several
+  times more: the emulation is strong enough to tell."""
+  m, k, n = 16, 16384 - 64, 24
+  a, sa, a64 = operands(rng, (m, k), E4M3, A_BLOCK[kind], spread=False)
+  b, sb, b64 = operands(rng, (k, n), E4M3, B_BLOCK[kind], spread=False)
+  ref, bound = reference(a64, b64)
+  with fp8_accumulator() as started_at_zero:
+    out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_b=False, backend="pallas")
+    out = np.asarray(out)
+  assert len(started_at_zero) == 2 * 128 and all(started_at_zero)   # 2 consumers x 128 blocks
+  assert_gemm_close(out, ref, bound, ACC_TOL, f"promoted, {kind}")
+  if kind != "tensor":
+    return
+  promoted = float(np.max(np.abs(as_f64(out) - ref) / bound))
+  # The unpromoted control in numpy: one 14-bit accumulator over every block.
+  a8, b8 = as_f64(a).astype(np.float32), as_f64(b).astype(np.float32)
+  drop = np.uint32((1 << 10) - 1)
+  acc = np.zeros((m, n), np.float32)
+  for kb in range(0, k, 128):
+    acc = ((acc + a8[:, kb:kb + 128] @ b8[kb:kb + 128]).view(np.uint32) & ~drop).view(np.float32)
+  unpromoted = float(np.max(np.abs(acc * float(sa) * float(sb) - ref) / bound))
+  assert unpromoted > 4 * promoted, (unpromoted, promoted)
+
+
+# ---------------------------------------------------------------- cuda lowering
+
+
+def _lowers_for_cuda(p, config=None):
+  config = config or BACKEND.default_config(p, VARIANT)
+  BACKEND.check(p, VARIANT, config)
+  sds = jax.ShapeDtypeStruct
+  args = [sds(p.a_shape, p.dtype), sds(p.b_shape, p.b_dtype), sds(p.a_scale_shape, F32),
+          sds(p.b_scale_shape, F32)]
+  fn = BACKEND.impl(p, VARIANT, config, "cuda")
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("kind,m,k,n,b,out,trans_a,trans_b", [
+    ("block", 256, 512, 256, E4M3, BF16, False, True),
+    ("row_col", 256, 512, 384, E5M2, F32, False, False),
+    ("tensor", 128, 384, 256, E4M3, F16, True, False),
+    ("block", 256, 384, 256, E5M2, BF16, True, True),       # mixed: float16 wgmma
+    ("block", 4095, 4097, 4093, E4M3, BF16, False, True),  # exact stores, ragged K
+    ("block", 128, 1024, 512, E4M3, BF16, False, True),    # skinny: 128x64 tiles
+])
+def test_lowers_for_cuda(kind, m, k, n, b, out, trans_a, trans_b):
+  """Mosaic GPU lowers the kernel for sm_90 here, with its checks (fp8 wgmma only
+  K-major, one operand dtype, layout inference of the scale vectors' loads).
+  (Shapes whose exact-store windows are narrower than a tile, e.g. 300x260x300,
+  fail layout inference under jax 0.10.2 for the matmul's rung 3 too.)"""
+  _lowers_for_cuda(problem(m, k, n, b=b, out=out, kind=kind, trans_a=trans_a,
+                           trans_b=trans_b))
+
+
+def test_lowers_for_cuda_with_256x64_tiles():
+  p = problem(1024, 1024, 1024, kind="block", trans_b=True)
+  candidates = BACKEND.tuning_candidates(p)
+  assert [c.tile_m * c.tile_n for _, c in candidates] == [128 * 128, 256 * 64, 128 * 128]
+  wide = candidates[1][1]
+  assert wide.max_concurrent_steps == 4   # 40 KiB a stage: 4 fit beside the epilogue
+  _lowers_for_cuda(p, wide)
+
+
+# ---------------------------------------------------------------- GPU tier
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS)
+def test_large_problems_on_gpu(kind, trans_a, trans_b, rng):
+  """K = 16384, compiled, against float64 of the dequantized operands (ACC_TOL holds
+  only with the promotion: Hopper's FP8 accumulator keeps ~14 bits)."""
+  for m, k, n, a_dtype, b_dtype in ((512, 16384, 1024, E4M3, E4M3),
+                                    (128, 16384, 4096, E4M3, E5M2),
+                                    (1000, 16384 - 64, 520, E5M2, E5M2)):
+    a_block = {"tensor": None, "row_col": (None, 1), "block": (128, 1)}[kind] if trans_a \
+        else A_BLOCK[kind]
+    b_block = {"tensor": None, "row_col": (1, None), "block": (128, 128)}[kind] if trans_b \
+        else B_BLOCK[kind]
+    a, sa, a64 = operands(rng, (k, m) if trans_a else (m, k), a_dtype, a_block)
+    b, sb, b64 = operands(rng, (n, k) if trans_b else (k, n), b_dtype, b_block)
+    out = jax.jit(lambda a, b, sa, sb: jaxgemm.scaled_matmul(
+        a, b, sa, sb, out_dtype=BF16, trans_a=trans_a, trans_b=trans_b, backend="pallas"))(
+            a, b, sa, sb)
+    check(out, *reference(a64.T if trans_a else a64, b64.T if trans_b else b64), BF16,
+          f"{m}x{k}x{n} {a_dtype.name}x{b_dtype.name}")
+
+
+def test_float16_out_in_the_interpreter(rng):
+  """The op's out-dtype cases run on the GPU tier only for this backend
+  (slow_for_kernels); one float16 result here, block scales, ragged edges."""
+  a, sa, a64 = operands(rng, (70, 300), E4M3, A_BLOCK["block"], spread=False)
+  b, sb, b64 = operands(rng, (300, 200), E5M2, B_BLOCK["block"], spread=False)
+  out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F16, backend="pallas")
+  check(out, *reference(a64, b64), F16)
