@@ -119,9 +119,15 @@ def test_default_configs_are_valid_for_large_problems(m, k, n, trans_a, trans_b)
   assert BACKEND.default_variant(p) == VARIANT
 
 
-def test_auto_stays_on_xla():
-  p = problem(8192, 8192, 8192, trans_b=True)
-  assert BACKEND.structural_win(p, "NVIDIA H100 80GB HBM3") is None
+def test_auto_takes_the_kernel_where_it_was_measured_to_win():
+  """Block scales on Hopper; per-tensor scales from 4096 rows and columns; not a mixed
+  pair (run as float16), not another device kind (structural_win's measurement)."""
+  h100 = "NVIDIA H100 80GB HBM3"
+  assert BACKEND.structural_win(problem(8192, 8192, 8192, kind="tensor", trans_b=True), h100)
+  assert BACKEND.structural_win(problem(128, 4096, 512, kind="block"), "NVIDIA H200")
+  assert BACKEND.structural_win(problem(1024, 8192, 8192, kind="tensor"), h100) is None
+  assert BACKEND.structural_win(problem(8192, 8192, 8192), "NVIDIA A100-SXM4-80GB") is None
+  assert BACKEND.structural_win(problem(8192, 8192, 8192, b=E5M2), h100) is None
 
 
 def test_pre_pass_relays_only_what_wgmma_cannot_read():

@@ -10,8 +10,13 @@ benchmark compares against:
   `lax.fori_loop` (K zero-padded to whole blocks), so memory stays that of the
   result: XLA has no fused block-scaled GEMM on Hopper.
 
-Accumulation is fp32 (XLA's dot of fp8 operands with an fp32 result); the one
-rounding is to out_dtype at the end.
+Accumulation is fp32 (XLA's dot of fp8 operands with an fp32 result) at
+precision HIGHEST unless the call names one: at XLA's default, its cuBLASLt FP8
+GEMM accumulates in the tensor cores' reduced precision (fast accumulation), off
+the exact dequantized product by 2.6e-3 at 8192^3 where HIGHEST and the
+kernels are 1.7e-3, i.e. the bf16 output's rounding alone, for 6% more time
+(H100, research/probes/fp8-2026-11-25/probe-h100-run2.log). The one rounding is
+to out_dtype at the end.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ def _dims(problem: ScaledMatmulProblem):
 def scaled_product(problem: ScaledMatmulProblem, a, b, a_scale, b_scale):
   """The problem's result from canonical operands, in XLA ops (see the module docstring)."""
   dims = _dims(problem)
-  dot = lambda x, y: lax.dot_general(x, y, dims, precision=problem.precision,
+  precision = problem.precision or lax.Precision.HIGHEST   # fp32 accumulation (docstring)
+  dot = lambda x, y: lax.dot_general(x, y, dims, precision=precision,
                                      preferred_element_type=F32)
   if problem.scale_kind != "block":
     scale = a_scale * b_scale   # () or (B, M, 1) * (B, 1, N): the accumulator's shape
