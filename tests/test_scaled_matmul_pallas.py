@@ -128,6 +128,12 @@ def test_auto_takes_the_kernel_where_it_was_measured_to_win():
   assert BACKEND.structural_win(problem(1024, 8192, 8192, kind="tensor"), h100) is None
   assert BACKEND.structural_win(problem(8192, 8192, 8192), "NVIDIA A100-SXM4-80GB") is None
   assert BACKEND.structural_win(problem(8192, 8192, 8192, b=E5M2), h100) is None
+  # Triton takes what Pallas leaves on Hopper (kernel_win: one table for both).
+  triton = registry.get_backend("triton", "scaled_matmul")
+  assert triton.structural_win(problem(1024, 8192, 8192, kind="tensor"), h100)
+  assert triton.structural_win(problem(8192, 8192, 8192, b=E5M2), h100)
+  assert triton.structural_win(problem(8192, 8192, 8192), h100) is None
+  assert triton.structural_win(problem(128, 4096, 512), "cpu") is None
 
 
 def test_pre_pass_relays_only_what_wgmma_cannot_read():

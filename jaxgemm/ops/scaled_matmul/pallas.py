@@ -47,12 +47,9 @@ from jaxgemm.ops.matmul.pallas import PallasConfig
 from jaxgemm.ops.matmul.problem import GemmProblem
 from jaxgemm.ops.scaled_matmul import xla as scaled_xla
 from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_KINDS,
-                                               ScaledMatmulProblem)
+                                               ScaledMatmulProblem, kernel_win)
 
 VARIANTS = ("warp_specialized",)
-# Where `structural_win` holds (its docstring has the measurement).
-WIN_DEVICE_KINDS = ("H100", "H200")
-WIN_MIN_MN = 4096
 # Both fp32 arrays of a consumer warpgroup (the step's wgmma accumulator and the
 # promoted sum), (tile_m / 2) x tile_n each: at most 128 registers per thread.
 _MAX_ACC_ELEMENTS = 2 * 64 * 128
@@ -125,24 +122,9 @@ class PallasScaledMatmul(registry.Backend):
   variants = VARIANTS
 
   def structural_win(self, problem: ScaledMatmulProblem, device_kind: str) -> str | None:
-    """Block scales, and per-tensor/row-column scales from 4096 rows and columns, on
-    Hopper, for a same-dtype fp8 pair (a mixed pair runs 16-bit: not measured).
-
-    Measured on the H100 (research/probes/fp8-2026-11-25/probe-h100-run2.log,
-    e4m3 -> bf16, heuristic config, CUPTI paired with XLA in the same run): block
-    scales 14.4x and 15.9x XLA's program at 8192^3 and 8192x4096x14336 (XLA has no
-    block-scaled GEMM: `xla.scaled_product` runs one GEMM per 128 of K); per-tensor
-    scales 1.46x and 1.61x its scaled form (1223 and 1196 TFLOP/s).
-    """
-    if not any(kind in device_kind for kind in WIN_DEVICE_KINDS):
-      return None
-    if problem.dtype != problem.b_dtype:
-      return None
-    if problem.scale_kind == "block":
-      return "block scales: one kernel where XLA runs a GEMM per 128 of K"
-    if problem.m >= WIN_MIN_MN and problem.n >= WIN_MIN_MN:
-      return "fp8 wgmma with the scales applied to the fp32 sum, promoted every 128 of K"
-    return None
+    """Where `scaled_matmul.problem.kernel_win` (the measurement) names this backend."""
+    win = kernel_win(problem, device_kind)
+    return win[1] if win and win[0] == "pallas" else None
 
   def unavailable_reason(self) -> str | None:
     return _mosaic_gpu_error()

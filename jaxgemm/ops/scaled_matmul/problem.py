@@ -117,3 +117,37 @@ class ScaledMatmulProblem(GemmProblem):
     """The bare GEMM of the same shapes (what matmul heuristics size tiles for)."""
     return GemmProblem(self.batch, self.m, self.n, self.k, self.dtype, self.out_dtype,
                        self.acc_dtype, self.trans_a, self.trans_b, self.precision)
+
+
+# Where a kernel beats XLA's program with no tuning record (`kernel_win`).
+WIN_DEVICE_KINDS = ("H100", "H200")
+WIN_MIN_MN = 4096
+
+
+def kernel_win(problem: ScaledMatmulProblem, device_kind: str) -> tuple[str, str] | None:
+  """(backend, why) of the kernel `backend="auto"` runs for `problem` untuned, or None.
+
+  Measured on the H100, e4m3 -> bf16, heuristic configs, CUPTI with XLA's scaled
+  form in the same run (bench/results/h100-fp8-2026-11-25/, `make gpu-bench
+  BENCH_ARGS="--suite fp8 --default-only"`; research/probes/fp8-2026-11-25/):
+
+  * from 4096 rows and 4096 columns, Pallas: per-tensor scales 1.45x, 1.59x and
+    2.01x XLA at 8192^3, 8192x4096x14336 and 4096^3 (Triton 1.16-1.58x); block
+    scales 14.3x at 8192^3 (XLA has no block-scaled GEMM: `xla.scaled_product`
+    runs one GEMM per 128 of K; Triton 13.8x);
+  * below, Triton: 1.02x at 128x4096x14336 per tensor (Pallas 0.95x); and, for
+    the fp32 accumulation the op promises, the `xla` backend runs HIGHEST, which at
+    128 rows is 0.15x of XLA's default-precision form, so the kernel keeps both
+    speed and accuracy there;
+  * a mixed e4m3 x e5m2 pair (the per-tensor recipe's gradients), Triton at every
+    size: its PTX has the mixed fp8 wgmma, where Pallas casts to float16 (half
+    rate). Inferred from the PTX and the same-dtype timings, not timed.
+  """
+  if not any(kind in device_kind for kind in WIN_DEVICE_KINDS):
+    return None
+  if problem.dtype != problem.b_dtype:
+    return "triton", "mixed fp8 pair: fp8 wgmma of both types (Pallas would cast to float16)"
+  if problem.m >= WIN_MIN_MN and problem.n >= WIN_MIN_MN:
+    return "pallas", (f"{problem.scale_kind} scales from {WIN_MIN_MN} rows and columns: "
+                      f"persistent warp-specialized FP8 wgmma, promoted every 128 of K")
+  return "triton", f"{problem.scale_kind} scales below {WIN_MIN_MN} rows or columns: FP8 wgmma"

@@ -23,9 +23,9 @@ cp.async pipeline through a register transpose). A row-major A (M, K) and a
 B stored (N, K) (`trans_b=True`) with K a multiple of 16 are read in place.
 
 Config: the matmul's `TritonConfig`; block_k must divide 128 (32, 64 or 128),
-split_k, tma, warp_specialize and epilogue_subtile > 1 are refused. Not
-measured on a GPU yet: `backend="auto"` keeps XLA's program (no
-`structural_win`) until a tuning record shows this kernel faster.
+split_k, tma, warp_specialize and epilogue_subtile > 1 are refused.
+`backend="auto"` takes this kernel untuned where `problem.kernel_win` says
+(below 4096 rows or columns, and mixed fp8 pairs, on Hopper).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from jaxgemm import registry
 from jaxgemm.config import KernelConfig, within_shared_memory
 from jaxgemm.ops.matmul.triton import (ALIGN_MIN_OPERAND_BYTES, SMEM_BYTES, TritonConfig,
                                        TritonMatmul)
-from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulProblem
+from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulProblem, kernel_win
 
 # Tiles, largest first: (block_m, block_n, block_k, num_warps, num_stages). The
 # kernel holds two fp32 tiles in registers (the accumulator and the block's
@@ -82,6 +82,11 @@ class TritonScaledMatmul(registry.Backend):
     backend = TritonScaledMatmul()
     backend._matmul = self._matmul.for_platform(platform)
     return backend
+
+  def structural_win(self, problem: ScaledMatmulProblem, device_kind: str) -> str | None:
+    """Where `scaled_matmul.problem.kernel_win` (the measurement) names this backend."""
+    win = kernel_win(problem, device_kind)
+    return win[1] if win and win[0] == "triton" else None
 
   def unavailable_reason(self) -> str | None:
     return self._matmul.unavailable_reason()
