@@ -120,11 +120,11 @@ def test_default_configs_are_valid_for_large_problems(m, k, n, trans_a, trans_b)
 
 
 def test_auto_takes_the_kernel_where_it_was_measured_to_win():
-  """Block scales on Hopper; per-tensor scales from 4096 rows and columns; not a mixed
+  """From 4096 rows and columns on Hopper, block or per-tensor scales; not a mixed
   pair (run as float16), not another device kind (structural_win's measurement)."""
   h100 = "NVIDIA H100 80GB HBM3"
   assert BACKEND.structural_win(problem(8192, 8192, 8192, kind="tensor", trans_b=True), h100)
-  assert BACKEND.structural_win(problem(128, 4096, 512, kind="block"), "NVIDIA H200")
+  assert BACKEND.structural_win(problem(4096, 4096, 4096, kind="block"), "NVIDIA H200")
   assert BACKEND.structural_win(problem(1024, 8192, 8192, kind="tensor"), h100) is None
   assert BACKEND.structural_win(problem(8192, 8192, 8192), "NVIDIA A100-SXM4-80GB") is None
   assert BACKEND.structural_win(problem(8192, 8192, 8192, b=E5M2), h100) is None
