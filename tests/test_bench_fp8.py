@@ -221,7 +221,7 @@ def test_each_registered_backend_runs_a_tiny_problem(backend):
 def test_fp8_model_is_the_dense_model_in_fp8():
   cfg = T.GPU_FP8_MODEL
   assert cfg.fp8 and cfg.op == "scaled_matmul" and not cfg.moe and not cfg.swiglu
-  assert (cfg.d_model, cfg.d_ff, cfg.tokens, cfg.steps) == (4096, 14336, 8192, 100)
+  assert (cfg.d_model, cfg.d_ff, cfg.tokens, cfg.steps) == (4096, 14336, 4096, 100)
   assert T.fp8_model(False) is T.CPU_FP8_MODEL and T.fp8_model(True) is cfg
   assert cfg.name.startswith("fp8.transformer.") and "FP8" in cfg.describe()
   assert T.CPU_FP8_MODEL.name.startswith("fp8.") and T.CPU_FP8_MODEL.fp8
