@@ -350,3 +350,22 @@ def test_problems_in_finds_it_and_no_backward():
   s = jnp.ones((), jnp.float32)
   found = jaxgemm.problems_in(lambda a, b: jaxgemm.scaled_matmul(a, b, s, s), a, b)
   assert [p.op for p in found] == ["scaled_matmul"]
+
+
+@pytest.mark.kernel_backends
+def test_autotune_checks_fp8_kernels_against_xla(kernel, tmp_path):
+  """jaxgemm.autotune finds the scaled_matmul GEMM and checks each candidate against
+  XLA's result at the fp8 tolerance (the output's rounding), so a correct kernel's
+  trials are "ok" (a KeyError or a too-tight tolerance would make them fail)."""
+  from jaxgemm import tuning  # noqa: PLC0415
+  x = jax.random.normal(jax.random.key(0), (64, 256))
+  w = jax.random.normal(jax.random.key(1), (256, 128))
+  a8, sa = jaxgemm.quantize(x, block=(1, 128))
+  b8, sb = jaxgemm.quantize(w, block=(128, 128))
+  report = jaxgemm.autotune(lambda *a: jaxgemm.scaled_matmul(*a), a8, b8, sa, sb,
+                            backends=(kernel.backend,), cache_path=tmp_path / "c.json",
+                            time_budget_s=120, iters=1, log=None)
+  (problem,) = report.tuned
+  assert tuning.tolerance(problem) == tuning.TOLERANCE["fp8"]
+  trials = [t for t in report.trials if t.backend == kernel.backend]
+  assert trials and all(t.status == "ok" and t.error < 5e-3 for t in trials), trials
