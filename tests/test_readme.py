@@ -22,3 +22,10 @@ def test_mixture_of_experts_block_runs_as_written(capsys):
   block = next(b for b in _python_blocks(README.read_text()) if "ragged_dot" in b)
   exec(compile(block, "README.md (ragged_dot)", "exec"), {})  # noqa: S102
   assert "'pallas'" in capsys.readouterr().out
+
+
+def test_fp8_block_runs_as_written():
+  block = next(b for b in _python_blocks(README.read_text()) if "scaled_matmul" in b)
+  scope = {}
+  exec(compile(block, "README.md (fp8)", "exec"), scope)  # noqa: S102
+  assert scope["y"].shape == (256, 384) and scope["dw"].shape == (512, 384)
