@@ -45,9 +45,11 @@ from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulPro
 # partial sum): 128x128 over 8 warps is 2 x 64 registers a thread, where
 # 128x256 would need 256 and spill. block_k = 128 is one scale block per K
 # step (4 wgmma of k32); fp8 tiles are one byte an element, so 4 stages of
-# 128x128x128 take 128 KB of the 227 KB. Not yet measured on a GPU: the
-# shapes follow DeepGEMM's (128-row blocks, 128-wide N) and the matmul's
-# smaller tiles for more programs per wave.
+# 128x128x128 take 128 KB of the 227 KB. The shapes follow DeepGEMM's (128-row
+# blocks, 128-wide N) and the matmul's smaller tiles for more programs per wave. On
+# the H100 the first tile won the probe's sweep at 8192-class shapes (964 TFLOP/s at
+# 8192^3 per tensor; 128x256 and 256x128 0.60-0.70x of it, 4 warps 0.37x, block_k 64
+# 0.83x; research/probes/fp8-2026-11-25/probe-h100-run1.log).
 _TILES = ((128, 128, 128, 8, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4))
 # The K steps tl.dot takes on fp8: wgmma's k is 32, and a step never crosses a
 # 128-wide scale block.

@@ -107,7 +107,6 @@ for (m, k, n) in PROBLEMS:
     head = f"{m}x{k}x{n} {kind}"
     # The exact product of the dequantized operands, up to fp32 rounding (products of
     # fp8 values and scales rounded once, sums over K at fp32: ~sqrt(K) 2**-24).
-    deq_a = jaxgemm.quantize  # noqa: F841 (the scales expand as quantize made them)
     sa_full = sa if kind == "tensor" else jnp.repeat(sa, 128, axis=1)[:, :k]
     sb_full = sb if kind == "tensor" else jnp.repeat(jnp.repeat(sb, 128, 0), 128, 1)[:k, :n]
     exact = np.asarray(jnp.dot(a8.astype(F32) * sa_full, b8.astype(F32) * sb_full,
