@@ -26,6 +26,17 @@ e4m3's range and subnormals lie inside float16's), and the same kernel runs
 16-bit wgmma: the same result, at half the FP8 rate and with 2-byte operands
 in SMEM (fewer stages). Not measured.
 
+Variant `warp_specialized_tma_scales` (block scales only; not measured on a
+GPU, so never the default): the same kernel with the producer TMA-loading
+each K step's a_scale column (tile_m floats) and b_scale value into the ring
+slot beside the operand blocks, the consumers reading them from SMEM instead
+of GMEM, and K steps in pairs whose second wgmma is issued before the first
+is promoted (`scaled.OVERLAP_PROMOTION`). It answers the measured gap of
+block scales (659 vs 1210 TFLOP/s per tensor at 8192^3 on the H100,
+docs/performance-notes.md): the probe research/probes/fp8-2026-11-25/probe.py
+runs it. Its ring slots carry 528 bytes more (in two buffers aligned to 1 KiB):
+5 stages at 128x128 with a bf16 epilogue instead of 6.
+
 `backend="auto"` takes this kernel with no tuning record where it was measured
 to win (`structural_win`); elsewhere XLA's program.
 On `cpu` the same kernel runs in the Mosaic GPU interpreter, which handles
@@ -49,7 +60,12 @@ from jaxgemm.ops.scaled_matmul import xla as scaled_xla
 from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_KINDS,
                                                ScaledMatmulProblem, kernel_win)
 
-VARIANTS = ("warp_specialized",)
+VARIANTS = ("warp_specialized", "warp_specialized_tma_scales")
+DEFAULT_VARIANT = "warp_specialized"   # the measured one (issue 28)
+# The scales through the TMA ring: block scales only, unmeasured (module docstring).
+TMA_SCALES = "warp_specialized_tma_scales"
+_B_SCALE_BOX = 4       # scaled.B_SCALE_BOX: the b_scale floats a ring slot holds
+_SMEM_ALIGNMENT = 1024  # Mosaic GPU's alignment of each shared memory buffer
 # Both fp32 arrays of a consumer warpgroup (the step's wgmma accumulator and the
 # promoted sum), (tile_m / 2) x tile_n each: at most 128 registers per thread.
 _MAX_ACC_ELEMENTS = 2 * 64 * 128
@@ -89,22 +105,37 @@ def k_major_operands(problem: ScaledMatmulProblem, a, b):
   return a.astype(dtype), b.astype(dtype)
 
 
-def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig) -> dict[str, int]:
+def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig,
+               variant: str = DEFAULT_VARIANT) -> dict[str, int]:
   """Shared memory the kernel allocates for `config`, by buffer."""
   item = kernel_dtype(problem).itemsize
   stages = max(2, config.max_concurrent_steps)
-  return {"a": stages * config.tile_m * BLOCK * item,
-          "b": stages * config.tile_n * BLOCK * item,
-          # two epilogue slots per consumer warpgroup, each (64, epi_tile_n)
-          "out": 2 * 2 * _EPI_TILE_M * min(config.epi_tile_n, config.tile_n)
-                 * np.dtype(problem.out_dtype).itemsize}
+  parts = {"a": stages * config.tile_m * BLOCK * item,
+           "b": stages * config.tile_n * BLOCK * item,
+           # two epilogue slots per consumer warpgroup, each (64, epi_tile_n)
+           "out": 2 * 2 * _EPI_TILE_M * min(config.epi_tile_n, config.tile_n)
+                  * np.dtype(problem.out_dtype).itemsize}
+  if variant == TMA_SCALES:
+    # fp32 a_scale column and b_scale box per ring slot, two buffers, each aligned
+    # to 1024 bytes by Mosaic GPU, and the ring's barriers (8 bytes each), which
+    # the other variant's slack covers (Mosaic GPU counted 232496 bytes for the
+    # mixed pair's 3 stages before these were).
+    parts["scales"] = (_align(stages * config.tile_m * 4, _SMEM_ALIGNMENT)
+                       + _align(stages * _B_SCALE_BOX * 4, _SMEM_ALIGNMENT))
+    parts["barriers"] = 2 * stages * 8
+  return parts
 
 
-def fit_stages(problem: ScaledMatmulProblem, config: PallasConfig) -> PallasConfig:
+def _align(x: int, alignment: int) -> int:
+  return -(-x // alignment) * alignment
+
+
+def fit_stages(problem: ScaledMatmulProblem, config: PallasConfig,
+               variant: str = DEFAULT_VARIANT) -> PallasConfig:
   """`config` with the deepest ring (at most 8 stages, at least 2) that fits shared memory."""
   config = dataclasses.replace(config, max_concurrent_steps=_MAX_STAGES)
-  while (sum(smem_bytes(problem, config).values()) > matmul_pallas._SMEM_CAPACITY_BYTES
-         and config.max_concurrent_steps > 2):
+  while (sum(smem_bytes(problem, config, variant).values())
+         > matmul_pallas._SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
     config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
   return config
 
@@ -120,6 +151,10 @@ class PallasScaledMatmul(registry.Backend):
                     "jaxgemm.kernels.pallas.scaled_matmul", "jaxgemm.ops.scaled_matmul.pallas")
   config_cls = PallasConfig
   variants = VARIANTS
+
+  def default_variant(self, problem: ScaledMatmulProblem) -> str:
+    """`warp_specialized`, the measured kernel (TMA_SCALES is not measured)."""
+    return DEFAULT_VARIANT
 
   def structural_win(self, problem: ScaledMatmulProblem, device_kind: str) -> str | None:
     """Where `scaled_matmul.problem.kernel_win` (the measurement) names this backend."""
@@ -150,6 +185,11 @@ class PallasScaledMatmul(registry.Backend):
     if variant not in VARIANTS:
       raise ValueError(f"unknown variant={variant!r} for {what}; valid variants: "
                        f"{list(VARIANTS)}")
+    if variant == TMA_SCALES and problem.scale_kind != "block":
+      raise NotImplementedError(
+          f"{what} variant={variant!r} takes block scales only (it copies each K step's "
+          f"block scales through the TMA ring); got scale_kind={problem.scale_kind!r}: "
+          f"use variant={DEFAULT_VARIANT!r}")
     if not isinstance(config, PallasConfig):
       raise TypeError(f"{what} takes a PallasConfig; got {type(config).__name__}")
     tile_m, tile_n, tile_k = config.tile_m, config.tile_n, config.tile_k
@@ -166,6 +206,8 @@ class PallasScaledMatmul(registry.Backend):
           f"(the K step's wgmma accumulator and the promoted sum): {tile_m=}, {tile_n=} need "
           f"more than 128 registers per thread; use tile_m * tile_n <= 16384 (128x128, "
           f"256x64, 128x64)")
+    # TMA_SCALES reads one b_scale per tile: a power-of-two tile_n <= 128 (the
+    # register bound above) lies in one 128-column scale block.
     if epi_tile_n < tile_n and tile_n % epi_tile_n:
       raise ValueError(f"{what}: {tile_n=} must be divisible by {epi_tile_n=}")
     if (config.cluster_m, config.cluster_n) != (1, 1):
@@ -174,7 +216,7 @@ class PallasScaledMatmul(registry.Backend):
     if config.split_rounds != 1:
       raise ValueError(f"{what} does not split tiles along K: split_rounds="
                        f"{config.split_rounds} must be 1")
-    parts = smem_bytes(problem, config)
+    parts = smem_bytes(problem, config, variant)
     total = sum(parts.values())
     if total > matmul_pallas._SMEM_CAPACITY_BYTES:
       detail = " + ".join(f"{k}={v}" for k, v in parts.items())
@@ -202,14 +244,18 @@ class PallasScaledMatmul(registry.Backend):
     tile_m = 128
     tile_n = matmul_pallas._pow2_at_least(problem.n, 64, 64 if skinny else 128)
     return fit_stages(problem, PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=BLOCK,
-                                            epi_tile_n=min(64, tile_n)))
+                                            epi_tile_n=min(64, tile_n)), variant)
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, PallasConfig]]:
-    """The default, 256x64 tiles, and the tile walk along M."""
-    default = self.default_config(problem, "warp_specialized")
+    """The default, 256x64 tiles, and the tile walk along M; with block scales, also
+    TMA_SCALES' default (unmeasured: the probe times it against the default)."""
+    default = self.default_config(problem, DEFAULT_VARIANT)
     wide = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64, epi_tile_n=64))
-    return [("warp_specialized", default), ("warp_specialized", wide),
-            ("warp_specialized", dataclasses.replace(default, grid_minor_m=True))]
+    candidates = [(DEFAULT_VARIANT, default), (DEFAULT_VARIANT, wide),
+                  (DEFAULT_VARIANT, dataclasses.replace(default, grid_minor_m=True))]
+    if problem.scale_kind == "block":
+      candidates.append((TMA_SCALES, self.default_config(problem, TMA_SCALES)))
+    return candidates
 
   def impl(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig,
            platform: str):
@@ -226,7 +272,8 @@ class PallasScaledMatmul(registry.Backend):
       from jaxgemm.kernels.pallas.scaled_matmul import scaled  # noqa: PLC0415 (Mosaic GPU)
       a, b = k_major_operands(problem, a, b)
       return scaled.scaled(a, b, a_scale, b_scale, laid_out, config,
-                           scale_kind=problem.scale_kind, interpret=interpret)
+                           scale_kind=problem.scale_kind, interpret=interpret,
+                           tma_scales=variant == TMA_SCALES)
 
     if not interpret or empty:
       return pallas_scaled_matmul

@@ -48,9 +48,35 @@ What differs, and why this is its own kernel rather than a switch on
 
 Measured on the H100 (docs/performance-notes.md, "FP8 GEMMs"): 1210 TFLOP/s per
 tensor at 8192^3 (61% of the FP8 peak), 659 with block scales, whose per-step
-scale loads and promotion the wgmma wait serializes. Possible next steps: the scales through
-the ring by TMA (DeepGEMM loads a_scale so), 2-CTA clusters multicasting the
-shared operand, as rung 4.
+scale loads and promotion the wgmma wait serializes. Possible next steps: 2-CTA
+clusters multicasting the shared operand, as rung 4.
+
+`tma_scales` (variant `warp_specialized_tma_scales`, block scales only; NOT
+MEASURED on a GPU, so not the default): the answer to that gap DeepGEMM gives,
+in the same body behind a compile-time switch.
+* The producer copies each K step's scales by TMA into the ring slot of its A
+  and B blocks, on the same `loaded` barrier (4 arrivals): a_scale's (tm,)
+  column of the K block (contiguous in the (batch, Ks, M) layout) and the
+  first B_SCALE_BOX floats of b_scale's column vector, whose first value is
+  the whole tile's (check: tile_n divides 128, so a tile lies in one column
+  block). 528 bytes a slot at tm = 128: the default ring at 128x128 with a
+  bf16 epilogue has 5 stages instead of 6.
+* A consumer reads its rows' a_scale (the accumulator's row layout, 2
+  registers a thread) and the b value (one scalar) from the slot after the
+  step's wgmma, before releasing the slot: no GMEM load in the K loop, and
+  one multiply per element (part * (a_s * b_s) broadcast along N) instead of
+  the outer product's two.
+* `overlap` (OVERLAP_PROMOTION): K steps go in pairs, each in its own
+  zero-initialized accumulator; the second's wgmma is issued before the
+  first's product is read (`wgmma_accumulator_load(wait_n=1)`), so the
+  first's promotion runs under it; an odd last step runs alone. Not across
+  pairs: restarting an accumulator carried by the loop needs a store into
+  it, which jax 0.10.2's Mosaic GPU interpreter does not run. Registers at
+  128x128 (a consumer's (64, 128) fp32 array is 64 a thread): the two step
+  accumulators and the promoted sum are 192 of the 232 a consumer gets
+  (`ws.CONSUMER_REGISTERS`), leaving ~40 for the scales (3), indices,
+  addresses and barrier phases; on paper it fits, whether ptxas spills is
+  for the GPU run to show (the probe times it with and without the pairs).
 """
 
 from __future__ import annotations
@@ -72,13 +98,29 @@ BLOCK = 128
 EPI_TILE_M = ws.EPI_TILE_M
 # Both fp32 arrays of a consumer warpgroup: at most 128 registers per thread.
 MAX_ACC_ELEMENTS = 2 * 64 * 128
+# With `tma_scales`, the floats of b_scale's column vector the producer copies
+# per K step: TMA's smallest box (16 bytes); the tile lies in one 128-column
+# scale block (128 % tile_n == 0), so its first value is the whole tile's.
+B_SCALE_BOX = 4
+# With `tma_scales`, whether K steps go in pairs with the second's wgmma issued
+# before the first's promotion (the `overlap` argument's default; the probe
+# measures both). Not measured.
+OVERLAP_PROMOTION = True
 
 
 def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: common.Dims,
                   tm: int, tn: int, stages: int, epi_tn: int, per_block: bool,
                   grid_minor_m: bool, grid_group: int, workers: int, exact_out: bool,
-                  interpret: bool):
-  """The persistent body: A (batch, M, K), B (batch, N, K), scales (batch, Ks, M | N)."""
+                  interpret: bool, tma_scales: bool = False, overlap: bool = False):
+  """The persistent body: A (batch, M, K), B (batch, N, K), scales (batch, Ks, M | N).
+
+  `tma_scales` (block scales only; variant `warp_specialized_tma_scales`, not
+  measured): the producer copies each K step's scales into the ring beside A's
+  and B's blocks, and the consumers read them from SMEM; `overlap` also pairs
+  the K steps, the second's wgmma issued before the first's promotion.
+  """
+  assert not tma_scales or per_block, "tma_scales takes block scales"
+  assert not overlap or tma_scales, "overlap comes with tma_scales"
   tk = BLOCK
   f32 = jnp.float32
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
@@ -106,21 +148,40 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
     return (lax.broadcast_in_dim(a_s, (rows, tn), (0,))
             * lax.broadcast_in_dim(b_s, (rows, tn), (1,)))
 
+  def smem_scale(a_scale_smem, b_scale_smem, slot):
+    """The K step's a_scale[rows] * b_scale (one value: the tile lies in one column
+    block) over this consumer's (rows, tn), from the step's ring slot."""
+    a_ref = a_scale_smem.at[slot, pl.ds(lax.axis_index("wg") * rows, rows)]
+    if interpret:
+      a_s = a_ref[...]
+    else:   # the accumulator's row layout: 2 registers a thread at 64 rows
+      a_s = plgpu.layout_cast(common.load_gmem(a_ref), plgpu.Layout.WGMMA.reduce(1))
+    a_s = a_s * b_scale_smem[slot, 0]
+    return lax.broadcast_in_dim(a_s, (rows, tn), (0,))
+
   if exact_out:   # plain stores from one row-major staging slot per consumer
     out_smem_type = plgpu.SMEM((2, EPI_TILE_M, epi_tn), out_dtype)
   else:           # two swizzled TMA-store slots per consumer
     out_smem_type = common.out_smem_type(EPI_TILE_M, epi_tn, out_dtype, 2, 2)
 
+  # With tma_scales the ring's slots hold the step's scales too: a_scale's
+  # (tm,) column of the K block and b_scale's first B_SCALE_BOX values.
+  scale_smem = dict(a_scale_smem=plgpu.SMEM((stages, tm), f32),
+                    b_scale_smem=plgpu.SMEM((stages, B_SCALE_BOX), f32)) if tma_scales else {}
+
   @functools.partial(
       pl.run_scoped,
       a_smem=common.a_smem_type(tm, tk, dtype, False, stages, swizzle=swizzle),
       b_smem=common.b_smem_type(tk, tn, dtype, True, stages, swizzle=swizzle),
-      loaded=plgpu.Barrier(num_arrivals=2, num_barriers=stages),     # A's and B's copies
+      # A's and B's copies (and the two scale copies)
+      loaded=plgpu.Barrier(num_arrivals=4 if tma_scales else 2, num_barriers=stages),
       consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),   # both consumers
       out_smem=out_smem_type,
       collective_axes="wg",
+      **scale_smem,
   )
-  def _scope(a_smem, b_smem, loaded, consumed, out_smem):
+  def _scope(a_smem, b_smem, loaded, consumed, out_smem, a_scale_smem=None,
+             b_scale_smem=None):
     wg = lax.axis_index("wg")
     my_tiles = lax.div(total_tiles - worker + workers - 1, workers)
 
@@ -171,6 +232,11 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
                                   a_smem.at[slot], loaded.at[slot])
           plgpu.copy_gmem_to_smem(common.b_block(b_gmem.at[bi], ki * tk, ni * tn, tk, tn, True),
                                   b_smem.at[slot], loaded.at[slot])
+          if tma_scales:   # the wrapper padded both to the tiles' cover: in bounds
+            plgpu.copy_gmem_to_smem(a_scale_gmem.at[bi, ki, pl.ds(mi * tm, tm)],
+                                    a_scale_smem.at[slot], loaded.at[slot])
+            plgpu.copy_gmem_to_smem(b_scale_gmem.at[bi, ki, pl.ds(ni * tn, B_SCALE_BOX)],
+                                    b_scale_smem.at[slot], loaded.at[slot])
 
       # Every slot's last release is waited for too, so each barrier's phases
       # are all consumed before the CTA exits.
@@ -198,17 +264,54 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           def block_product(acc_ref):
             plgpu.wgmma(acc_ref, a_smem.at[slot, wg_rows, :], common.transposed(b_smem.at[slot]))
             # Issued under the wgmma; reading acc_ref waits for it.
+            if tma_scales:
+              return acc_ref[...], None
             scale = scale_of(bi, ki, row0, n0) if per_block else None
             return acc_ref[...], scale
 
           part, scale = pl.run_scoped(block_product, plgpu.ACC((rows, tn), f32))
+          if tma_scales:   # read before the slot goes back to the producer
+            scale = smem_scale(a_scale_smem, b_scale_smem, slot)
           plgpu.barrier_arrive(consumed.at[slot])   # the wgmma has read the slot
           return total + (part * scale if per_block else part)
+
+        def k_pair(j, total):
+          """Steps 2j and 2j + 1: the second's wgmma is issued before the first is
+          promoted (wait for all but one wgmma), so that promotion runs under it."""
+          steps = [i * k_iters + 2 * j + d for d in (0, 1)]
+          slots = [lax.rem(step, stages) for step in steps]
+
+          def first(acc0):
+            plgpu.barrier_wait(loaded.at[slots[0]])
+            plgpu.wgmma(acc0, a_smem.at[slots[0], wg_rows, :],
+                        common.transposed(b_smem.at[slots[0]]))
+
+            def second(acc1):
+              plgpu.barrier_wait(loaded.at[slots[1]])
+              plgpu.wgmma(acc1, a_smem.at[slots[1], wg_rows, :],
+                          common.transposed(b_smem.at[slots[1]]))
+              part0 = plgpu.wgmma_accumulator_load(acc0, wait_n=1)   # step 2j done
+              scale0 = smem_scale(a_scale_smem, b_scale_smem, slots[0])
+              plgpu.barrier_arrive(consumed.at[slots[0]])
+              promoted = total + part0 * scale0
+              return promoted, acc1[...]                             # step 2j + 1 done
+
+            return pl.run_scoped(second, plgpu.ACC((rows, tn), f32))
+
+          promoted, part1 = pl.run_scoped(first, plgpu.ACC((rows, tn), f32))
+          scale1 = smem_scale(a_scale_smem, b_scale_smem, slots[1])
+          plgpu.barrier_arrive(consumed.at[slots[1]])
+          return promoted + part1 * scale1
 
         zeros = jnp.zeros((rows, tn), f32)
         if not interpret:
           zeros = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
-        total = lax.fori_loop(0, k_iters, k_step, zeros)
+        if overlap:   # k_iters is static: the pairs, then an odd last step alone
+          total = lax.fori_loop(0, k_iters // 2, k_pair, zeros)
+          if k_iters % 2:
+            total = k_step(k_iters - 1, total)
+        else:
+          total = lax.fori_loop(0, k_iters, k_step, zeros)
         if not per_block:
           total = total * scale_of(bi, 0, row0, n0)
         store(total, bi, mi, ni, row0, n0, i)
@@ -244,10 +347,14 @@ def kernel_scales(a_scale, b_scale, scale_kind: str, batch: int, m: int, n: int,
 
 
 def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
-           interpret: bool = False):
+           interpret: bool = False, tma_scales: bool = False, overlap: bool | None = None):
   """C = (A * a_scale) @ (B * b_scale) for a K-major `problem` (trans_a False,
   trans_b True: A (batch, M, K), B (batch, N, K), one dtype), the scales in
-  the op's canonical shapes for `scale_kind`."""
+  the op's canonical shapes for `scale_kind`.
+
+  `tma_scales` (block scales, tile_n dividing 128): the scales go through the
+  ring by TMA (`scaled_kernel`); `overlap` (default OVERLAP_PROMOTION) pairs
+  the K steps. Neither is measured on a GPU."""
   if problem.trans_a or not problem.trans_b:
     raise ValueError(f"the scaled kernel reads both operands K-major (trans_a=False, "
                      f"trans_b=True); got trans_a={problem.trans_a}, trans_b={problem.trans_b}")
@@ -263,6 +370,10 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
   out_dtype = jnp.dtype(problem.out_dtype)
   epi_tn = min(config.epi_tile_n, tn)
   per_block = scale_kind == "block"
+  if tma_scales and (not per_block or BLOCK % tn):
+    raise ValueError(f"tma_scales takes block scales and a tile_n dividing {BLOCK}; got "
+                     f"scale_kind={scale_kind!r}, tile_n={tn}")
+  overlap = tma_scales and (OVERLAP_PROMOTION if overlap is None else overlap)
 
   def call(a, b, dims):
     k_iters = common.cdiv(dims.k, BLOCK)
@@ -274,7 +385,8 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
     body = functools.partial(
         scaled_kernel, dims=dims, tm=tm, tn=tn, stages=stages, epi_tn=epi_tn,
         per_block=per_block, grid_minor_m=config.grid_minor_m, grid_group=config.grid_group,
-        workers=grid, exact_out=exact_out, interpret=interpret)
+        workers=grid, exact_out=exact_out, interpret=interpret, tma_scales=tma_scales,
+        overlap=overlap)
     return plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((dims.batch, dims.m, dims.n), out_dtype),
