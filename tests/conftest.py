@@ -68,8 +68,8 @@ def pytest_configure(config):
       "markers", "cases(common, xla=()): test cases for every kernel, plus xla-only ones")
   config.addinivalue_line("markers", "kernel_backends: only the non-xla backends' kernels")
   config.addinivalue_line(
-      "markers", "slow_for_kernels(keep=0): mark `slow` on slow interpreters (all cases "
-                 "but the first `keep`)")
+      "markers", "slow_for_kernels(keep=0, variants=None): mark `slow` on slow interpreters "
+                 "(all cases but the first `keep`; only the named variants if given)")
 
 
 def pytest_report_header(config):
@@ -102,11 +102,15 @@ def pytest_generate_tests(metafunc):
   # the CPU run short; they run compiled in the GPU tier (`make gpu-test`).
   # With keep=N, a slow interpreter runs the first N cases on the CPU and leaves
   # the rest of the product (every layout of every rung) to the GPU tier.
+  # With variants=(...), only those variants' cases are marked (a variant whose
+  # other cases the kernel's own tests or another variant's already run).
   heavy = metafunc.definition.get_closest_marker("slow_for_kernels")
   keep = heavy.kwargs.get("keep", 0) if heavy is not None else None
+  only = heavy.kwargs.get("variants") if heavy is not None else None
 
   def marks_of(k, case_index=0):
-    slow = heavy is not None and k.backend in SLOW_INTERPRETERS and case_index >= keep
+    slow = (heavy is not None and k.backend in SLOW_INTERPRETERS and case_index >= keep
+            and (only is None or k.variant in only))
     return [pytest.mark.slow] if slow else []
   marker = metafunc.definition.get_closest_marker("cases")
   if marker is None:

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import jaxgemm
+import gemm_testing
 from gemm_testing import as_f64, assert_gemm_close
 from jaxgemm import registry
 
@@ -72,10 +73,30 @@ def operands(rng, shape, dtype, block, spread=True):
   return q, s, dequantized(q, s, block)
 
 
+def unsupported(kernel, a, b, sa, sb, **kw) -> str | None:
+  """None when `kernel` takes the call, else its NotImplementedError's message
+  (`gemm_testing.kernel_supports`): a variant may take some scale kinds only
+  (pallas' warp_specialized_tma_scales takes block scales)."""
+  return gemm_testing.kernel_supports(
+      kernel, a, b, fn=lambda a, b, **k: jaxgemm.scaled_matmul(a, b, sa, sb, **k), **kw)
+
+
+def skip_unless_supported(kernel, a, b, sa, sb, **kw) -> None:
+  reason = unsupported(kernel, a, b, sa, sb, **kw)
+  if reason is not None:
+    pytest.skip(f"{kernel} does not support this case: {reason}")
+
+
 def check(out, ref, bound, out_dtype, what=""):
   assert out.dtype == out_dtype, (out.dtype, out_dtype)
   assert_gemm_close(out, ref, bound, OUT_STEP[np.dtype(out_dtype)] + ACC_TOL, what)
 
+
+# The pallas variant that copies block scales through the TMA ring (block scales
+# only): on the CPU it runs the block cases of test_scale_kinds_dtypes_and_out_dtypes,
+# the transposed weight, the batches and the pallas file's promotion test; the other
+# tests (the same kernel behind the same pre-pass and wrapper) in the GPU tier.
+TMA_ONLY_ON_GPU = pytest.mark.slow_for_kernels(variants=("warp_specialized_tma_scales",))
 
 KIND_PAIRS = [("tensor", "tensor"), ("row_col", "row_col"), ("block", "block"),
               ("tensor", "row_col"), ("row_col", "tensor"), ("tensor", "block"),
@@ -97,10 +118,12 @@ def test_scale_kinds_dtypes_and_out_dtypes(kernel, case, rng):
   spread = out_dtype != F16   # rows and columns 8x apart would overflow float16's 65504
   a, sa, a64 = operands(rng, (70, 300), da, A_BLOCK[ka], spread)
   b, sb, b64 = operands(rng, (300, 200), db, B_BLOCK[kb], spread)
+  skip_unless_supported(kernel, a, b, sa, sb, out_dtype=out_dtype)
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, **kernel.kw)
   check(out, *reference(a64, b64), out_dtype, f"{case}")
 
 
+@TMA_ONLY_ON_GPU
 @pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])
 def test_transposed_layouts(kernel, kind, trans_a, trans_b, rng):
@@ -113,6 +136,7 @@ def test_transposed_layouts(kernel, kind, trans_a, trans_b, rng):
       else B_BLOCK[kind]
   a, sa, a64 = operands(rng, (k, m) if trans_a else (m, k), E4M3, a_block)
   b, sb, b64 = operands(rng, (n, k) if trans_b else (k, n), E5M2, b_block)
+  skip_unless_supported(kernel, a, b, sa, sb, trans_a=trans_a, trans_b=trans_b)
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_a=trans_a, trans_b=trans_b,
                               **kernel.kw)
   check(out, *reference(a64.T if trans_a else a64, b64.T if trans_b else b64), F32)
@@ -138,10 +162,12 @@ def test_batches(kernel, kind, a_shape, b_shape, rng):
   b, sb, b64 = operands(rng, b_shape, E4M3, B_BLOCK[kind])
   if kind == "tensor":   # one scale per tensor: quantize saw the whole batch
     assert sa.shape == sb.shape == ()
+  skip_unless_supported(kernel, a, b, sa, sb)
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, **kernel.kw)
   check(out, *reference(a64, b64), F32)
 
 
+@TMA_ONLY_ON_GPU
 def test_scale_without_batch_dims_applies_to_every_entry(kernel, rng):
   a, sa, _ = operands(rng, (50, 130), E4M3, (1, 128))
   b, sb, b64 = operands(rng, (4, 130, 20), E4M3, (128, 128))
@@ -150,6 +176,7 @@ def test_scale_without_batch_dims_applies_to_every_entry(kernel, rng):
   check(out, *reference(dequantized(a, sa, (1, 128)), b64), F32)
 
 
+@TMA_ONLY_ON_GPU   # test_each_k_block_is_promoted_to_fp32 runs it at K = 16320
 @pytest.mark.parametrize("kind", ["tensor", "block"])
 def test_accumulation_stays_at_fp32_level(kernel, kind, rng):
   """K up to 16384 (partial last block): the error against float64 of the dequantized
@@ -159,6 +186,7 @@ def test_accumulation_stays_at_fp32_level(kernel, kind, rng):
   for k in (1024, 4096, 16384 - 64):
     a, sa, a64 = operands(rng, (16, k), E4M3, A_BLOCK[kind], spread=False)
     b, sb, b64 = operands(rng, (k, 24), E4M3, B_BLOCK[kind], spread=False)
+    skip_unless_supported(kernel, a, b, sa, sb)
     out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, **kernel.kw)
     ref, bound = reference(a64, b64)
     assert_gemm_close(out, ref, bound, ACC_TOL, f"K={k}")
@@ -169,6 +197,7 @@ def test_accumulation_stays_at_fp32_level(kernel, kind, rng):
 
 def test_zero_k_and_zero_rows(kernel):
   a, b = jnp.zeros((5, 0), E4M3), jnp.zeros((0, 7), E4M3)
+  skip_unless_supported(kernel, a, b, jnp.float32(2), jnp.float32(3))
   out = jaxgemm.scaled_matmul(a, b, jnp.float32(2), jnp.float32(3), out_dtype=F32, **kernel.kw)
   np.testing.assert_array_equal(out, np.zeros((5, 7)))
   out = jaxgemm.scaled_matmul(jnp.zeros((0, 130), E4M3), jnp.ones((130, 7), E4M3),
@@ -176,6 +205,7 @@ def test_zero_k_and_zero_rows(kernel):
   assert out.shape == (0, 7)
 
 
+@TMA_ONLY_ON_GPU
 def test_jit_and_vmap(kernel, rng):
   """Under jit; vmap over activations (joins M), over both operands, and over
   per-example per-tensor scales (become per-row scales)."""
@@ -194,6 +224,8 @@ def test_jit_and_vmap(kernel, rng):
   ts = [operands(rng, (20, 64), E4M3, None, spread=False) for _ in range(4)]
   aq, asc = jnp.stack([x[0] for x in ts]), jnp.stack([x[1] for x in ts])
   w, sw, w64 = operands(rng, (64, 30), E4M3, None)
+  if unsupported(kernel, aq[0], w, jnp.ones((20, 1)), jnp.ones((1, 30))) is not None:
+    return   # a variant for block scales only: they become per-row scales
   out = jax.vmap(f, in_axes=(0, None, 0, None))(aq, w, asc, sw)
   check(out, *reference(np.stack([x[2] for x in ts]), w64), F32, "vmap tensor scales")
   out = jax.vmap(lambda b, sb: f(ts[0][0], b, ts[0][1], sb), in_axes=(0, 0))(
@@ -205,6 +237,7 @@ def test_jit_and_vmap(kernel, rng):
   check(out, *reference(a64.reshape(2, 2, 20, 260), b64), F32, "nested vmap")
 
 
+@TMA_ONLY_ON_GPU
 @pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
 def test_vmap_transposed(kernel, kind, rng):
   """vmap over a stored transposed (its mapped axis joins M after K), b transposed too."""
@@ -214,12 +247,15 @@ def test_vmap_transposed(kernel, kind, rng):
   b, sb, b64 = operands(rng, (136, 260), E5M2, b_block)     # stored (N, K)
   f = lambda a, sa: jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_a=True,
                                           trans_b=True, **kernel.kw)
+  skip_unless_supported(kernel, a[0], b, sa if kind == "tensor" else sa[0], sb,
+                        trans_a=True, trans_b=True)
   out = jax.vmap(f, in_axes=(0, None if kind == "tensor" else 0))(a, sa)
   check(out, *reference(np.swapaxes(a64, -1, -2), b64.T), F32)
 
 
 def test_not_differentiable_names_the_training_path(kernel):
   a, b = jnp.ones((8, 16), E4M3), jnp.ones((16, 8), E4M3)
+  skip_unless_supported(kernel, a, b, jnp.float32(1), jnp.float32(1))
   f = lambda sa: jaxgemm.scaled_matmul(a, b, sa, jnp.float32(1), **kernel.kw).sum()
   with pytest.raises(NotImplementedError, match="fp8=.*dgrad and wgrad"):
     jax.grad(lambda s: f(s).astype(jnp.float32))(jnp.float32(1))
@@ -263,6 +299,7 @@ def test_bad_inputs_name_the_argument(kernel):
     jaxgemm.scaled_matmul(a, b, one, one, backend="nope")
 
 
+@TMA_ONLY_ON_GPU
 def test_registered_op_and_problem(kernel):
   """The op is registered (problems_in finds it: backward=False, as it has no gradient);
   its example operands run through Op.call, as the autotuner runs them."""
@@ -352,6 +389,7 @@ def test_problems_in_finds_it_and_no_backward():
   assert [p.op for p in found] == ["scaled_matmul"]
 
 
+@TMA_ONLY_ON_GPU
 @pytest.mark.kernel_backends
 def test_autotune_checks_fp8_kernels_against_xla(kernel, tmp_path):
   """jaxgemm.autotune finds the scaled_matmul GEMM and checks each candidate against

@@ -10,6 +10,8 @@ the CPU) through every case of the op; here what is the backend's own:
   FP8 tensor cores do, the result stays within fp32-level error at K = 16384;
 * the kernel lowers for cuda (Mosaic GPU's own checks: fp8 wgmma operands
   K-major, layout inference) on the CPU, under the local jax;
+* the same for variant warp_specialized_tma_scales (block scales through the TMA
+  ring, K steps in overlapped pairs; not measured on a GPU);
 * on a GPU (`gpu` marker), large problems against float64.
 """
 
@@ -38,6 +40,7 @@ pytestmark = pytest.mark.skipif(
 
 BACKEND = registry.get_backend("pallas", "scaled_matmul")
 VARIANT = "warp_specialized"
+TMA = scaled_pallas.TMA_SCALES   # block scales only
 # The issue's shapes, MxKxN.
 LARGE = [(8192, 8192, 8192), (8192, 4096, 14336), (128, 4096, 14336)]
 LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
@@ -55,7 +58,7 @@ def problem(m, k, n, *, a=E4M3, b=E4M3, out=BF16, kind="block", trans_a=False, t
 GOOD = PallasConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4, epi_tile_n=64)
 
 
-@pytest.mark.parametrize("change,error,match", [
+@pytest.mark.parametrize("variant,change,error,match", [(VARIANT, *c) for c in [
     (dict(tile_k=64), ValueError, r"tile_k=64 must be 128"),
     (dict(tile_m=64), ValueError, r"tile_m=64 must be 128 or 256"),
     (dict(tile_m=256, tile_n=128), ValueError, r"tile_m=256, tile_n=128 need more than 128 "
@@ -66,21 +69,35 @@ GOOD = PallasConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4, 
     (dict(split_rounds=2), ValueError, r"split_rounds=2 must be 1"),
     (dict(max_concurrent_steps=8), ValueError, r"needs 294912 bytes of shared memory "
                                                r"\(a=131072 \+ b=131072 \+ out=32768\)"),
-])
-def test_check_names_the_argument(change, error, match):
+]] + [(TMA, *c) for c in [
+    (dict(), None, None),
+    (dict(tile_n=64), None, None),
+    (dict(tile_m=256, tile_n=64), None, None),
+    # Each ring slot holds the step's scales too: 128 + 4 floats in two buffers
+    # aligned to 1 KiB; the ring's 16 barriers counted.
+    (dict(max_concurrent_steps=8), ValueError, r"needs 300160 bytes of shared memory "
+                                               r"\(a=131072 \+ b=131072 \+ out=32768 \+ "
+                                               r"scales=5120 \+ barriers=128\)"),
+]])
+def test_check_names_the_argument(variant, change, error, match):
   config = dataclasses.replace(GOOD, **change)
   p = problem(1024, 1024, 1024)
   if error is None:
-    BACKEND.check(p, VARIANT, config)
+    BACKEND.check(p, variant, config)
     return
   with pytest.raises(error, match=match):
-    BACKEND.check(p, VARIANT, config)
+    BACKEND.check(p, variant, config)
 
 
 def test_check_refuses_other_dtypes_variants_and_configs():
   p = problem(256, 256, 256)
-  with pytest.raises(ValueError, match=r"unknown variant='clusters'.*\['warp_specialized'\]"):
+  with pytest.raises(ValueError, match=r"unknown variant='clusters'.*\['warp_specialized', "
+                                       r"'warp_specialized_tma_scales'\]"):
     BACKEND.check(p, "clusters", GOOD)
+  for kind in ("tensor", "row_col"):   # the TMA-scales variant: block scales only
+    with pytest.raises(NotImplementedError, match=rf"variant='warp_specialized_tma_scales' "
+                                                  rf"takes block scales only.*{kind}"):
+      BACKEND.check(problem(256, 256, 256, kind=kind), TMA, GOOD)
   xla_config = registry.get_backend("xla", "scaled_matmul").default_config(p, "dot_general")
   with pytest.raises(TypeError, match="takes a PallasConfig; got XlaConfig"):
     BACKEND.check(p, VARIANT, xla_config)
@@ -103,20 +120,27 @@ def test_default_configs_are_valid_for_large_problems(m, k, n, trans_a, trans_b)
   """Every scale kind, dtype pair and out dtype: the default config passes `check`,
   with 128-deep K steps, 128x128 tiles (64-wide N for M <= 128) and the deepest
   ring that fits."""
-  for kind in ("tensor", "row_col", "block"):
+  for variant, kind in [(VARIANT, "tensor"), (VARIANT, "row_col"), (VARIANT, "block"),
+                        (TMA, "block")]:
     for a, b in ((E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)):
       for out in (BF16, F16, F32):
         p = problem(m, k, n, a=a, b=b, out=out, kind=kind, trans_a=trans_a, trans_b=trans_b)
-        config = BACKEND.default_config(p, VARIANT)
-        BACKEND.check(p, VARIANT, config)
+        config = BACKEND.default_config(p, variant)
+        BACKEND.check(p, variant, config)
         assert config.tile_k == 128 and config.tile_m == 128
         assert config.tile_n == (64 if m <= 128 else 128)
         if config.max_concurrent_steps < 8:   # the ring is as deep as shared memory allows
           deeper = dataclasses.replace(config,
                                        max_concurrent_steps=config.max_concurrent_steps + 1)
           with pytest.raises(ValueError, match="shared memory"):
-            BACKEND.check(p, VARIANT, deeper)
-  assert BACKEND.default_variant(p) == VARIANT
+            BACKEND.check(p, variant, deeper)
+      # The measured variant stays the default (the TMA-scales one is not measured).
+      assert BACKEND.default_variant(p) == VARIANT
+  # fp8 128x128 with a bf16 epilogue: 6 stages; the scales' 528 bytes a slot cost one.
+  p = problem(m, k, n, trans_a=trans_a, trans_b=trans_b)
+  if m > 128:
+    assert BACKEND.default_config(p, VARIANT).max_concurrent_steps == 6
+    assert BACKEND.default_config(p, TMA).max_concurrent_steps == 5
 
 
 def test_auto_takes_the_kernel_where_it_was_measured_to_win():
@@ -172,6 +196,9 @@ def fp8_accumulator(mantissa_bits: int = 13):
   except ImportError as e:
     pytest.skip(f"no Mosaic GPU interpreter internals to patch: {e}")
   common.interpret_params()   # the project's own patch first, so we wrap it
+  # A kernel traced before (the shared tests run the same call) would keep the
+  # unpatched callback: trace afresh.
+  jax.clear_caches()
   inner = gc.wgmma
   drop = np.uint32((1 << (23 - mantissa_bits)) - 1)
   started_at_zero = []
@@ -198,21 +225,26 @@ def fp8_accumulator(mantissa_bits: int = 13):
     yield started_at_zero
   finally:
     gc.wgmma = inner
+    jax.clear_caches()   # nor may a later call reuse the patched one
 
 
-@pytest.mark.parametrize("kind", ["tensor", "block"])
-def test_each_k_block_is_promoted_to_fp32(kind, rng):
+@pytest.mark.parametrize("kind,variant", [("tensor", VARIANT), ("block", VARIANT),
+                                          ("block", TMA)])
+def test_each_k_block_is_promoted_to_fp32(kind, variant, rng):
   """K = 16320 (128 blocks, the last partial) with a 14-bit wgmma accumulator: every
   wgmma starts from zero, and the error stays within ACC_TOL of |A| @ |B|. With
   per-tensor scales, the same 14-bit accumulator carried across all blocks (what no
   promotion would give; block scales cannot even be applied so) errs several
-  times more: the emulation is strong enough to tell."""
+  times more: the emulation is strong enough to tell. The TMA-scales variant
+  (steps in pairs, the second's wgmma issued before the first's promotion)
+  promotes every 128 of K the same."""
   m, k, n = 16, 16384 - 64, 24
   a, sa, a64 = operands(rng, (m, k), E4M3, A_BLOCK[kind], spread=False)
   b, sb, b64 = operands(rng, (k, n), E4M3, B_BLOCK[kind], spread=False)
   ref, bound = reference(a64, b64)
   with fp8_accumulator() as started_at_zero:
-    out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_b=False, backend="pallas")
+    out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_b=False, backend="pallas",
+                                variant=variant)
     out = np.asarray(out)
   assert len(started_at_zero) == 2 * 128 and all(started_at_zero)   # 2 consumers x 128 blocks
   assert_gemm_close(out, ref, bound, ACC_TOL, f"promoted, {kind}")
@@ -232,13 +264,13 @@ def test_each_k_block_is_promoted_to_fp32(kind, rng):
 # ---------------------------------------------------------------- cuda lowering
 
 
-def _lowers_for_cuda(p, config=None):
-  config = config or BACKEND.default_config(p, VARIANT)
-  BACKEND.check(p, VARIANT, config)
+def _lowers_for_cuda(p, config=None, variant=VARIANT):
+  config = config or BACKEND.default_config(p, variant)
+  BACKEND.check(p, variant, config)
   sds = jax.ShapeDtypeStruct
   args = [sds(p.a_shape, p.dtype), sds(p.b_shape, p.b_dtype), sds(p.a_scale_shape, F32),
           sds(p.b_scale_shape, F32)]
-  fn = BACKEND.impl(p, VARIANT, config, "cuda")
+  fn = BACKEND.impl(p, variant, config, "cuda")
   text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
 
@@ -263,10 +295,34 @@ def test_lowers_for_cuda(kind, m, k, n, b, out, trans_a, trans_b):
 def test_lowers_for_cuda_with_256x64_tiles():
   p = problem(1024, 1024, 1024, kind="block", trans_b=True)
   candidates = BACKEND.tuning_candidates(p)
-  assert [c.tile_m * c.tile_n for _, c in candidates] == [128 * 128, 256 * 64, 128 * 128]
+  assert [c.tile_m * c.tile_n for _, c in candidates] == [128 * 128, 256 * 64, 128 * 128,
+                                                          128 * 128]
+  assert [v for v, _ in candidates] == [VARIANT] * 3 + [TMA]   # block scales: TMA too
+  assert len(BACKEND.tuning_candidates(dataclasses.replace(p, scale_kind="tensor"))) == 3
   wide = candidates[1][1]
   assert wide.max_concurrent_steps == 4   # 40 KiB a stage: 4 fit beside the epilogue
   _lowers_for_cuda(p, wide)
+  _lowers_for_cuda(p, fit_tma(p, wide), TMA)
+
+
+def fit_tma(p, config):
+  return scaled_pallas.fit_stages(p, config, TMA)
+
+
+@pytest.mark.parametrize("m,k,n,b,trans_b,overlap", [
+    (8192, 8192, 8192, E4M3, True, True),      # the issue's shapes
+    (128, 4096, 14336, E4M3, True, True),      # skinny: 128x64 tiles
+    (8192, 4096, 14336, E4M3, False, True),
+    (4095, 4097, 4093, E4M3, True, True),      # exact stores, ragged K: 33 steps (odd)
+    (256, 384, 256, E5M2, True, True),         # mixed: float16 wgmma; 3 steps
+    (8192, 8192, 8192, E4M3, True, False),     # the TMA scales without the pairs
+])
+def test_lowers_for_cuda_tma_scales(m, k, n, b, trans_b, overlap, monkeypatch):
+  """The TMA-scales variant lowers for sm_90 (Mosaic GPU's layout inference of the
+  scale vectors' SMEM loads, the 1-D TMA copies, the paired accumulators)."""
+  from jaxgemm.kernels.pallas.scaled_matmul import scaled  # noqa: PLC0415
+  monkeypatch.setattr(scaled, "OVERLAP_PROMOTION", overlap)
+  _lowers_for_cuda(problem(m, k, n, b=b, trans_b=trans_b), variant=TMA)
 
 
 # ---------------------------------------------------------------- GPU tier
