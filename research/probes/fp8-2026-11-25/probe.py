@@ -9,7 +9,13 @@ same run). XLA's FP8 dot without scales (`jnp.dot(a8, b8,
 preferred_element_type=bf16)`) and the bf16 dot of the same values are timed
 too, for the issue's columns.
 
+With block scales the pallas backend's candidates include the unmeasured variant
+warp_specialized_tma_scales (scales through the TMA ring, K steps in overlapped
+pairs); it runs also with B stored (N, K) and without the pairs
+(scaled.OVERLAP_PROMOTION = False), labelled "no-overlap".
+
 On the GPU machine: make gpu-env; PYTHONPATH=$PWD/.gpu-site python3 <this file> [--quick]
+(PROBE_BACKENDS=pallas for the Pallas kernels only, PROBE_DEADLINE_S to run longer)
 Here (tiny shapes, interpreter, wall clock): python <this file> --cpu
 """
 import os
@@ -147,11 +153,18 @@ for (m, k, n) in PROBLEMS:
                     if c not in configs and _fits(backend, problem, c)]
         configs += [c for c in sweep(backend_name, problem, configs[0]) if c not in configs]
       # B stored (N, K) too: the layout FP8 wgmma reads as it is (no relayout pass).
-      runs = [(v, c, False) for v, c in configs] + [(*configs[0], True)]
-      for variant, config, trans_b in runs:
+      runs = [(v, c, False, None) for v, c in configs] + [(*configs[0], True, None)]
+      tma = [(v, c) for v, c in configs if v == "warp_specialized_tma_scales"]
+      # The TMA-scales variant also in the kernel's own layout, and without its pairs.
+      runs += [(v, c, True, None) for v, c in tma] + [(v, c, True, False) for v, c in tma]
+      for variant, config, trans_b, overlap in runs:
         if time.time() - T0 > DEADLINE_S:
           break
-        label = f"{backend_name}:{variant}{' trans_b' if trans_b else ''} {config}"
+        if backend_name == "pallas":
+          from jaxgemm.kernels.pallas.scaled_matmul import scaled as pallas_scaled
+          pallas_scaled.OVERLAP_PROMOTION = overlap is not False   # read at trace time
+        label = (f"{backend_name}:{variant}{' trans_b' if trans_b else ''}"
+                 f"{' no-overlap' if overlap is False else ''} {config}")
         try:
           def f(a, b, sa, sb, v=variant, c=config, bn=backend_name, t=trans_b):
             if t:
