@@ -49,7 +49,12 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
 
   Each block's scale is amax / dtype_max (amax in float32 over the block), and
   q = x / scale rounded to `dtype`, clipped to +-dtype_max (saturating: rounding
-  never overflows to inf or nan). A block whose scale is zero or not a normal
+  never overflows to inf or nan). Both divisions are computed as products with a
+  float32 reciprocal (amax * (1 / dtype_max), x * (1 / scale)): XLA rewrites a
+  division by a constant into such a product inside `jit` only, so a quantize in
+  a jitted training step and the same call outside jit gave scales an ulp apart
+  and different fp8 values for 2 inputs in 5 (a test's reference drifted from
+  the step it checked); products compile alike in and outside jit. A block whose scale is zero or not a normal
   float32 (all zeros, or amax below ~5e-36) gets scale 1.0, so q holds the
   block's values rounded to fp8 (zeros stay zeros). A non-finite element makes
   its block's scale non-finite. Jit-able (`block` and `dtype` are static).
@@ -71,13 +76,15 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
   tiny = float(jnp.finfo(jnp.float32).tiny)
   x32 = x.astype(jnp.float32)
 
+  inv_fmax = np.float32(1 / fmax)
+
   def scale_of(amax):
-    s = amax / fmax
+    s = amax * inv_fmax
     return jnp.where((s >= tiny) | ~jnp.isfinite(s), s, jnp.float32(1))
 
   if block is None:
     scale = scale_of(jnp.max(jnp.abs(x32)) if x.size else jnp.float32(0))
-    q = jnp.clip(x32 / scale, -fmax, fmax).astype(dtype)
+    q = jnp.clip(x32 * (1 / scale), -fmax, fmax).astype(dtype)
     return q, scale
   if x.ndim < 2:
     raise ValueError(f"quantize with block={block!r} blocks the last two dimensions of x; "
@@ -90,6 +97,6 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
   amax = jnp.max(jnp.abs(blocked), axis=(-3, -1)) if blocked.size else jnp.zeros(
       (*lead, nr, nc), jnp.float32)
   scale = scale_of(amax)                                      # (..., nr, nc)
-  full = jnp.repeat(jnp.repeat(scale, br, axis=-2), bc, axis=-1)[..., :rows, :cols]
-  q = jnp.clip(x32 / full, -fmax, fmax).astype(dtype)
+  inv = jnp.repeat(jnp.repeat(1 / scale, br, axis=-2), bc, axis=-1)[..., :rows, :cols]
+  q = jnp.clip(x32 * inv, -fmax, fmax).astype(dtype)
   return q, scale
