@@ -40,7 +40,6 @@ and "block" on each backend, against the same model's bf16 step on XLA (jnp).
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import jax
@@ -242,36 +241,21 @@ SCALED_MATMUL = ScaledMatmulMeasured()
 
 # A lent GPU runs one command for at most 10 minutes. Where no --time-budget is named, a
 # GPU run of only fp8 suites takes this one (run.py): no problem starts after
-# GPU_TIME_BUDGET_S - TRAINING_RESERVE_S seconds, no training run after GPU_TIME_BUDGET_S.
+# GPU_TIME_BUDGET_S - runner.TRAINING_RESERVE_S seconds, no training run after GPU_TIME_BUDGET_S.
 # Less than the other suites' 450 s: the FP8 step's last run, the xla backend's block
 # recipe (a fori_loop over K blocks per GEMM, ~0.4 s a step at d_model 4096 by the
 # estimate in bench/README.md), takes ~60-90 s where the others take 20-40 s (the H100's
 # d_model 1024 steps compiled in 3-24 s: bench/results/h100-epilogue-2026-11-25d).
 GPU_TIME_BUDGET_S = 420.0
-TRAINING_RESERVE_S = 150.0
 
 
 def run_fp8_suite(ctx: R.Context, suite: str, probs: list[P.Fp8Problem], backends: list[str],
                   variants_policy, *, training_cfg=None, quick: bool = False,
                   training: bool = True) -> list[dict]:
-  """The suite's FP8 GEMMs, then (with `training`) its FP8 training step.
-
-  With a time budget (`ctx.time_budget_s`), the problems stop starting
-  TRAINING_RESERVE_S before it (at most half of it), so that the training step gets
-  its turn; the training runs start until the budget is spent.
-  """
-  budget = ctx.time_budget_s
-  if budget and training:
-    ctx.time_budget_s = budget - min(TRAINING_RESERVE_S, budget / 2)
-  try:
-    rows = R.run_gemm_suite(ctx, suite, probs, backends, variants_policy, ops=SCALED_MATMUL)
-  finally:
-    ctx.time_budget_s = budget
-  if training:
-    from . import training as T  # noqa: PLC0415
-    t0 = time.perf_counter()
-    cfg = training_cfg or T.fp8_model(ctx.on_gpu, quick)
-    ctx.log(f"  -- FP8 training step ({cfg.name})")
-    rows += T.run_training(ctx, backends, variants_policy, cfg=cfg, suite=suite)
-    ctx.log(f"  -- FP8 training done in {time.perf_counter() - t0:.1f} s")
-  return rows
+  """The suite's FP8 GEMMs, then (with `training`) its FP8 training step
+  (`runner.run_suite_then_training`: under a time budget the problems leave
+  `runner.TRAINING_RESERVE_S` of it to the step)."""
+  from . import training as T  # noqa: PLC0415
+  model = (training_cfg or T.fp8_model(ctx.on_gpu, quick)) if training else None
+  return R.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
+                                   ops=SCALED_MATMUL, model=model, label="FP8")

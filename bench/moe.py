@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import time
 from typing import Callable
 
 import jax
@@ -250,33 +249,18 @@ def run_example(ctx, mp, dtype_name, bufs, refs, ref_compiled, n_rot, solo_ref_m
 
 # A lent GPU runs one command for at most 10 minutes. Where no --time-budget is named,
 # a GPU run of only moe suites takes this one (run.py): no problem starts after
-# GPU_TIME_BUDGET_S - TRAINING_RESERVE_S seconds, and no training run (XLA's, or a
+# GPU_TIME_BUDGET_S - runner.TRAINING_RESERVE_S seconds, and no training run (XLA's, or a
 # backend's: about 30-60 s each with its compile) after GPU_TIME_BUDGET_S.
 GPU_TIME_BUDGET_S = 450.0
-TRAINING_RESERVE_S = 150.0
 
 
 def run_moe_suite(ctx: R.Context, suite: str, probs: list[P.MoeProblem], backends: list[str],
                   variants_policy, *, training_cfg=None, quick: bool = False,
                   training: bool = True) -> list[dict]:
-  """The suite's grouped GEMMs, then (with `training`) its MoE training step.
-
-  With a time budget (`ctx.time_budget_s`), the problems stop starting
-  TRAINING_RESERVE_S before it (at most half of it), so that the training
-  step gets its turn; the training runs start until the budget is spent.
-  """
-  budget = ctx.time_budget_s
-  if budget and training:
-    ctx.time_budget_s = budget - min(TRAINING_RESERVE_S, budget / 2)
-  try:
-    rows = R.run_gemm_suite(ctx, suite, probs, backends, variants_policy, ops=RAGGED_DOT)
-  finally:
-    ctx.time_budget_s = budget
-  if training:
-    from . import training as T  # noqa: PLC0415
-    t0 = time.perf_counter()
-    cfg = training_cfg or T.moe_model(ctx.on_gpu, quick)
-    ctx.log(f"  -- MoE training step ({cfg.name})")
-    rows += T.run_training(ctx, backends, variants_policy, cfg=cfg, suite=suite)
-    ctx.log(f"  -- MoE training done in {time.perf_counter() - t0:.1f} s")
-  return rows
+  """The suite's grouped GEMMs, then (with `training`) its MoE training step
+  (`runner.run_suite_then_training`: under a time budget the problems leave
+  `runner.TRAINING_RESERVE_S` of it to the step)."""
+  from . import training as T  # noqa: PLC0415
+  model = (training_cfg or T.moe_model(ctx.on_gpu, quick)) if training else None
+  return R.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
+                                   ops=RAGGED_DOT, model=model, label="MoE")

@@ -744,6 +744,36 @@ class Progress:
       self._bar.close()
 
 
+# Where a suite ends with a training step and runs under a time budget, its problems
+# stop starting this long before the budget's end (at most half of it), so that the
+# training runs (about 30-60 s each with their compile) get their turn.
+TRAINING_RESERVE_S = 150.0
+
+
+def run_suite_then_training(ctx: "Context", suite: str, probs: list, backends: list[str],
+                            variants_policy, *, ops, model, label: str) -> list[dict]:
+  """`run_gemm_suite` of `probs`, then (when `model` is a ModelConfig) its training step.
+
+  With a time budget (`ctx.time_budget_s`) and a training step, the problems stop
+  starting TRAINING_RESERVE_S before the budget's end; the training runs start until
+  the budget is spent. The moe, epilogue and fp8 suites run this way.
+  """
+  budget = ctx.time_budget_s
+  if budget and model is not None:
+    ctx.time_budget_s = budget - min(TRAINING_RESERVE_S, budget / 2)
+  try:
+    rows = run_gemm_suite(ctx, suite, probs, backends, variants_policy, ops=ops)
+  finally:
+    ctx.time_budget_s = budget
+  if model is not None:
+    from . import training as T  # noqa: PLC0415
+    t0 = time.perf_counter()
+    ctx.log(f"  -- {label} training step ({model.name})")
+    rows += T.run_training(ctx, backends, variants_policy, cfg=model, suite=suite)
+    ctx.log(f"  -- {label} training done in {time.perf_counter() - t0:.1f} s")
+  return rows
+
+
 def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backends: list[str],
                    variants_policy, make_fn: Callable | None = None,
                    ops: Measured = GEMM) -> list[dict]:
