@@ -829,7 +829,10 @@ SUITES: dict[str, list[BenchProblem]] = {
 }
 # The training suite is not a table of GEMMs: see training.py.
 TRAINING = "training"
-ALL_SUITES = (*SUITES, TRAINING, *MOE_SUITES, *EPILOGUE_SUITES, *FP8_SUITES)
+# Nor is the sharded suite (GEMM layouts and a training step on a mesh of every
+# device): see sharded.py.
+SHARDED = "sharded"
+ALL_SUITES = (*SUITES, TRAINING, *MOE_SUITES, *EPILOGUE_SUITES, *FP8_SUITES, SHARDED)
 # The op each suite measures (a jaxgemm op registered in jaxgemm.registry): matmul's
 # suites run through runner.py, ragged_dot's (the moe suites: their grouped GEMMs,
 # then an MoE training step) through moe.py, fused_matmul's (the epilogue suites: GEMMs
@@ -861,6 +864,10 @@ SUITE_HELP = {
            "scales at 8192^3, 8192x4096x14336, 4096^3, 128x4096x14336 and a layer's dgrad "
            "and wgrad, vs XLA's scaled form, its fp8 dot and the bf16 dot; an FP8 training step",
     "fp8-tiny": "the fp8 suite's CPU analogue (interpreters)",
+    SHARDED: "sharded GEMMs on a mesh of every device (issue 25): data (M), column (N), "
+             "row (K: all-reduce, or reduce-scatter), experts (batch) at Llama-3-8B MLP "
+             "sizes, and a data x tensor parallel training step, vs XLA's dot on the same "
+             "mesh: time, collectives, memory per device",
     "default": "the default subset of every suite (under 10 minutes on an H200); "
                "on a machine without a GPU: tiny + a small training run + moe-tiny + "
                "epilogue-tiny + fp8-tiny",

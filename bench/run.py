@@ -97,7 +97,7 @@ def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
       for s in (P.GPU_DEFAULT_SUITES if on_gpu else P.CPU_DEFAULT_SUITES):
         out.append((s, None if s == P.TRAINING else
                     P.select(s, default_only=True, quick=args.quick)))
-    elif name == P.TRAINING:
+    elif name in (P.TRAINING, P.SHARDED):
       out.append((name, None))
     elif name in P.SUITES or name in P.MOE_SUITES or name in P.EPILOGUE_SUITES or (
         name in P.FP8_SUITES):
@@ -134,6 +134,9 @@ def _list(args, on_gpu, platform):
     print(f"  {name:<10} {op:<9} {help_}")
   print()
   for suite, probs in _suites(args, on_gpu):
+    if suite == P.SHARDED:
+      print(f"[{suite}] GEMM layouts and a training step on a mesh: see bench/sharded.py")
+      continue
     if probs is None:
       print(f"[{suite}] a training step: see bench/training.py")
       continue
@@ -290,7 +293,12 @@ def main(argv) -> int:
     for suite, probs in suites:
       t0 = time.perf_counter()
       print(f"\n== suite {suite} " + ("" if probs is None else f"({len(probs)} problems)"))
-      if probs is None:
+      if suite == P.SHARDED:
+        from . import sharded  # noqa: PLC0415
+        sharded.run_sharded_suite(ctx, backends_of(suite), size="cpu" if args.quick else None,
+                                  only=args.only, steps=args.training_steps,
+                                  hlo_dir=out_dir / "collectives")
+      elif probs is None:
         from . import training as T  # noqa: PLC0415
         cfg = None
         if args.training_steps or args.quick:

@@ -706,3 +706,60 @@ def test_fp8_training_path_shards_its_three_gemms(partitioner, fp8):
                   if p.op == "jaxgemm_scaled_matmul"})
   # forward (M/2, K, N/4); dgrad dY W^T (M/2, N/4 summed over "y", K); wgrad (K, M/2, N/4)
   assert local == sorted({(m // 2, k, n // 4), (m // 2, n // 4, k), (k, m // 2, n // 4)}), local
+
+
+# ---------------------------------------------------------------- the benchmark's suite
+
+
+def test_sharded_benchmark_suite_runs_its_layouts_and_step():
+  """`python -m bench --suite sharded` at its CPU sizes (bench/sharded.py): every layout and
+  the (data 4, model 2) training step agree with XLA's program on the same mesh, no
+  jaxgemm program gathers, the collectives it reads are XLA's (where jaxgemm reduce-scatters
+  a K-split result that XLA all-reduces, fewer bytes), and each kernel got its shard."""
+  from jaxgemm.bench import runner, sharded as S
+  from jaxgemm.timing import Timer
+
+  rows = []
+  ctx = runner.Context(platform="cpu", device_kind="cpu", timer=Timer("cpu"), iters=2,
+                       dtype_name="bf16", provenance={"platform": "cpu"}, emit=rows.append,
+                       log=lambda s: None, run_id="cpu-test")
+  S.run_sharded_suite(ctx, ["xla", "auto"])
+  by = {(r["problem"], r["backend"]): r for r in rows}
+  names = [lay.name for lay in S.layouts("cpu")] + [S.STEP_NAME]
+  assert sorted({r["problem"] for r in rows}) == sorted(names)
+  for name in names:
+    ref = by[name, runner.REF]
+    assert ref["status"] == "ok" and ref["time_ms_median"] > 0, ref
+    for backend in ("xla", "auto"):
+      r = by[name, backend]
+      assert r["status"] == "ok", (name, backend, r.get("error"))
+      assert "all-gather" not in r["collectives"], (name, backend, r["collectives"])
+      if name == "sharded.row.K-scatter":
+        assert r["collectives"].startswith("reduce-scatter 1 op") and not r["same_collectives"]
+        assert r["collective_mb"] < ref["collective_mb"]
+      else:
+        assert r["same_collectives"] == 1, (name, backend, r["collectives"], ref["collectives"])
+  assert by["sharded.row.K", "xla"]["collectives"].startswith("all-reduce 1 op")
+  assert by["sharded.data.M", "xla"]["local_problems"] == "1x(8x32 @ 32x48) NN bfloat16->bfloat16"
+  assert by["sharded.column.N", "xla"]["local_problems"] == "1x(64x32 @ 32x6) NN bfloat16->bfloat16"
+  assert by["sharded.experts.B", "xla"]["local_problems"] == "1x(16x32 @ 32x48) NN bfloat16->bfloat16"
+  step = by[S.STEP_NAME, "auto"]
+  assert step["agree"] == 1 and step["loss_last"] < step["loss_first"], step
+  assert "all-reduce" in step["collectives"] and step["mesh"] == "data=4 x model=2"
+
+
+def test_collectives_are_read_by_kind_and_bytes():
+  """The sharded suite's HLO reading: async starts and tuples count, done ops and fusions
+  named like collectives do not, layouts are ignored."""
+  from jaxgemm.bench import sharded as S
+
+  hlo = "\n".join([
+      "%ar = (f32[16,32]{1,0}, f32[]) all-reduce-start(%a, %b), channel_id=1",
+      "%ard = (f32[16,32]{1,0}, f32[]) all-reduce-done(%ar)",
+      "%rs = bf16[8,32]{1,0} reduce-scatter(%c), dimensions={0}",
+      "%ag = bf16[64,32]{0,1} all-gather(%d), dimensions={0}",
+      "%f = f32[4]{0} fusion(%all-reduce.1), kind=kLoop"])
+  found = S.collectives(hlo)
+  assert S.collective_totals(found) == {"all-gather": (1, 4096), "all-reduce": (1, 2052),
+                                        "reduce-scatter": (1, 512)}
+  assert S.describe_collectives(S.collectives("")) == "none"

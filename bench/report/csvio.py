@@ -41,6 +41,8 @@ COLUMNS = [
     "tokens_per_step", "tokens_per_s", "step_wall_ms", "steps", "step", "loss", "loss_first",
     "loss_last",
     "loss_max_rel_diff", "loss_last_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
+    "mesh", "collectives", "collective_mb", "same_collectives", "mem_per_device_gb",
+    "xla_mem_per_device_gb", "local_problems",
     "config", "chosen", "group_sizes", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
     *PROVENANCE,
 ]

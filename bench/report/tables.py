@@ -903,6 +903,52 @@ def _training_table(steps: list[dict]) -> list[str]:
                    "agree"], rows)]
 
 
+SHARDED_NOTE = (
+    "Each row: one program on a mesh of every device, jaxgemm's call against jnp's on the same "
+    "inputs and shardings, timed interleaved by the wall clock (a program on several GPUs has no "
+    "one kernel time). Collectives are read off each compiled HLO (per kind: ops, MB of results "
+    "on one device); memory is what XLA plans per device (arguments + outputs + temporaries - "
+    "aliased). `bench/sharded.py` says more.")
+
+
+def _local_problems(text: str) -> str:
+  """One or two local problems as they are; more (a training step's) as a count."""
+  problems = [p for p in text.split("; ") if p]
+  return "; ".join(problems) if len(problems) <= 2 else f"{len(problems)} (in the CSV)"
+
+
+def sharded_table(run: Run) -> list[str]:
+  """The sharded suite: each layout's and the training step's rows (bench/sharded.py)."""
+  rows = [r for r in run.rows if r["kind"] in ("sharded_gemm", "sharded_step")]
+  if not rows:
+    return []
+  out = []
+  for problem in dict.fromkeys(r["problem"] for r in rows):
+    mine = [r for r in rows if r["problem"] == problem]
+    ref = next((r for r in mine if r["backend"] == REF), mine[0])
+    body = []
+    for r in [*(r for r in mine if r["backend"] != REF), ref]:
+      t, mem = num(r.get("time_ms_median")), num(r.get("mem_per_device_gb"))
+      losses = (f"{num(r['loss_first']):.4f} -> {num(r['loss_last']):.4f}"
+                if num(r.get("loss_first")) else "")
+      diff = num(r.get("loss_max_rel_diff"))
+      body.append([
+          "XLA (jnp)" if r["backend"] == REF else f"{r['backend']}/{r['variant']}",
+          r["status"] + (f": {r['error'][:80]}" if r.get("error") else ""),
+          f"{t:.3f}" if t else "-", _fmt_x(num(r.get("speedup_vs_xla"))),
+          f"{num(r['tflops']):.0f}" if num(r.get("tflops")) else "-",
+          f"{mem:.2f}" if mem is not None else "-", r.get("collectives") or "-",
+          {"1": "same", "0": "differ"}.get(r.get("same_collectives", ""), ""),
+          losses + (f" (max rel diff {diff:.1e})" if diff is not None else ""),
+          _local_problems(r.get("local_problems", ""))])
+    note = ref.get("problem_note", "")
+    out += [f"**`{problem}`**: {note} (mesh {ref.get('mesh', '?')}).", "",
+            *_table(["GEMMs", "status", "ms (median)", "vs XLA", "TFLOP/s", "GB/device",
+                     "collectives", "vs XLA's", "loss first -> last",
+                     "local problems"], body), ""]
+  return out[:-1]
+
+
 def problem_list(run: Run) -> list[str]:
   bad = [r for r in run.rows if r["status"] in ("fail", "error", "skipped")
          and r["kind"] in ("gemm", "train_step")]
@@ -1023,6 +1069,9 @@ def report_markdown(run: Run, csv_name: str, plots=PLOTS) -> str:
   tt = training_table(run)
   if tt:
     lines += ["## Training step", "", *tt, ""]
+  sh = sharded_table(run)
+  if sh:
+    lines += ["## Suite `sharded` (a mesh of every device)", "", SHARDED_NOTE, "", *sh, ""]
   lines += ["## Failures, errors, skips", "", *problem_list(run), ""]
   lines += ["## Plots", ""]
   for name, (caption, _) in PLOTS.items():
@@ -1083,6 +1132,10 @@ def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
   tt = training_table(run)
   if tt:
     lines += ["#### Training step", "", *tt, ""]
+  sh = sharded_table(run)
+  if sh:
+    lines += [f"#### Sharded: {run.first.get('device_count', '?')} x {run.first.get('device', '?')}",
+              "", SHARDED_NOTE, "", *sh, ""]
   for name, (caption, _) in PLOTS.items():
     if name in plots and name in README_PLOTS:
       lines += [f"![{caption}]({plots_rel}/{name})", ""]

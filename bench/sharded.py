@@ -1,0 +1,571 @@
+"""The `sharded` suite: jaxgemm on a mesh of every device, against XLA's dot on the same mesh.
+
+    python -m bench --suite sharded                       # the layouts, then the training step
+    python -m bench --suite sharded --only 'sharded.step' # the training step alone
+
+Every row compiles two programs of the same expression for the same mesh, the
+same placed inputs and the same output shardings: one calls jaxgemm (a backend,
+or `auto`), the other jnp / lax (XLA's dot: the `xla_dot` row). It records
+
+* the time of one call, jaxgemm's and XLA's interleaved in blocks (`time_paired`).
+  The clock is the wall clock around `block_until_ready`: a program on several
+  GPUs has no one kernel time, and its collectives and their overlap are part of
+  what is compared;
+* the collectives of each compiled HLO, by kind and operand type (`collectives`),
+  and whether jaxgemm's are XLA's (`same_collectives`): a sharded operand gathered
+  whole would show as an extra all-gather;
+* the memory XLA plans per device for each program (`compiled.memory_analysis()`:
+  arguments + outputs + temporaries - aliased buffers; one device's share of an
+  SPMD program), since a gather would also show there;
+* the local problem each kernel was lowered for (`sharding.recording_local_problems`);
+* agreement with XLA: the result's relative Frobenius error against the dtype's
+  tolerance (the GEMM suites' gate), or the step's loss trajectory.
+
+The layouts (`layouts`) are the sharding issue's, at the sizes of an LLM's MLP
+(8192 tokens, d_model 4096, d_ff 14336: Llama-3-8B) on a 1-D mesh `x` of all
+devices: data parallel (M split), column parallel (N), row parallel (K split and
+an all-reduce), row parallel into a sequence-sharded result (K split and a
+reduce-scatter), and experts (a batch of 8 experts split).
+
+The training step (`StepConfig`) is a stack of Megatron-style transformer blocks
+on a (data, model) mesh: q/k/v and the MLP's up projection column-parallel, the
+attention output and the MLP's down projection row-parallel, attention per head
+(heads over `model`, causal), batch over `data`; fp32 parameters and Adam, bf16
+GEMMs. jaxgemm's model calls `jaxgemm.matmul` / `jaxgemm.dot_general` where XLA's
+calls `jnp.matmul` / `lax.dot_general`; both start from the same parameters and
+see the same batch, so the losses must agree step by step within the dtype's
+trajectory tolerance (`training.TRAJECTORY_TOL`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from collections import Counter
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+import jaxgemm
+from jaxgemm import sharding
+from jaxgemm.timing import Timer, summarize, time_paired
+
+from . import training as T
+from . import problems as BP
+from .runner import (AUTO, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL, STATUS_OK,
+                     STATUS_SKIPPED, TOLERANCE, Context, base_row, excluded,
+                     short_error)
+
+SUITE = "sharded"
+STEP_NAME = "sharded.step"
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_COLLECTIVE = re.compile(r"=\s*(\S.*?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_ARRAY_TYPE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f32": 4, "s32": 4,
+          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+
+
+# ---------------------------------------------------------------- compiled programs
+
+def collectives(hlo: str) -> Counter:
+  """Counter of (kind, operand type) of every collective a compiled HLO text holds.
+
+  >>> hlo = "%ar = bf16[64,48]{1,0} all-reduce(%p), channel_id=1, to_apply=%add"
+  >>> dict(collectives(hlo))
+  {('all-reduce', 'bf16[64,48]'): 1}
+  """
+  found = Counter()
+  for m in _COLLECTIVE.finditer(hlo):
+    kind_type = re.sub(r"\{[^}]*\}", "", m.group(1)).strip()
+    found[(m.group(2), kind_type)] += 1
+  return found
+
+
+def _type_bytes(type_text: str) -> int:
+  return sum(_BYTES.get(dtype, 1) * math.prod(int(d) for d in dims.split(",") if d)
+             for dtype, dims in _ARRAY_TYPE.findall(type_text))
+
+
+def collective_totals(found: Counter) -> dict[str, tuple[int, int]]:
+  """{kind: (ops, bytes of their results on one device)}: what two programs are compared
+  by. XLA combines collectives into tuples and may lay a gradient out transposed, so
+  the op list of two equivalent programs can differ where the kinds and bytes do not."""
+  totals: dict[str, list[int]] = {}
+  for (kind, type_text), n in found.items():
+    t = totals.setdefault(kind, [0, 0])
+    t[0] += n
+    t[1] += n * _type_bytes(type_text)
+  return {k: tuple(v) for k, v in sorted(totals.items())}
+
+
+def describe_collectives(found: Counter) -> str:
+  """'all-reduce 8 ops 21.3 MB; ...' per kind, or 'none'.
+
+  >>> describe_collectives(collectives("%a = bf16[1024,1024]{1,0} all-reduce(%p)"))
+  'all-reduce 1 op 2.10 MB'
+  """
+  if not found:
+    return "none"
+  return "; ".join(f"{k} {ops} op{'s' if ops > 1 else ''} {b / 1e6:.2f} MB"
+                   for k, (ops, b) in collective_totals(found).items())
+
+
+def list_collectives(found: Counter) -> str:
+  """Every collective with its operand type (the log's detail)."""
+  return "; ".join(f"{k} {t}" + (f" x{n}" if n > 1 else "") for (k, t), n in sorted(found.items()))
+
+
+def memory_per_device(compiled) -> int | None:
+  """Bytes XLA plans on one device for a compiled program (None where it does not say)."""
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # noqa: BLE001 (not every backend implements it)
+    return None
+  if m is None:
+    return None
+  return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+             - m.alias_size_in_bytes)
+
+
+@dataclasses.dataclass
+class Program:
+  """One compiled program and what the suite reads off it."""
+
+  compiled: Callable
+  collectives: Counter
+  memory: int | None
+  local_problems: list[str]
+  compile_s: float
+
+
+def compile_program(fn, args, out_shardings=None, hlo_file=None) -> Program:
+  """Compiles fn for `args` (placed); `hlo_file`: where its collectives' HLO lines go."""
+  t0 = time.perf_counter()
+  with sharding.recording_local_problems() as seen:
+    compiled = jax.jit(fn, out_shardings=out_shardings).lower(*args).compile()
+  hlo = compiled.as_text()
+  if hlo_file is not None:
+    hlo_file.parent.mkdir(parents=True, exist_ok=True)
+    hlo_file.write_text("".join(line.strip() + "\n" for line in hlo.splitlines()
+                                if _COLLECTIVE.search(line)))
+  return Program(compiled, collectives(hlo), memory_per_device(compiled),
+                 sorted({x.problem.describe() for x in seen}), time.perf_counter() - t0)
+
+
+def _hlo_file(hlo_dir, problem: str, backend: str):
+  from pathlib import Path  # noqa: PLC0415
+  return None if hlo_dir is None else Path(hlo_dir) / f"{problem}.{backend}.txt"
+
+
+# ---------------------------------------------------------------- the layouts
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """One sharded GEMM: C = A @ B (batched when `batch`), operands placed as the specs say."""
+
+  name: str
+  what: str
+  batch: int          # 0: a plain (M, K) @ (K, N)
+  m: int
+  k: int
+  n: int
+  a_spec: P
+  b_spec: P
+  out_spec: P | None  # None: the partitioner's choice (as jnp's matmul leaves it)
+
+  @property
+  def flops(self) -> int:
+    return 2 * max(self.batch, 1) * self.m * self.k * self.n
+
+  def shapes(self):
+    lead = (self.batch,) if self.batch else ()
+    return (*lead, self.m, self.k), (*lead, self.k, self.n)
+
+
+# (tokens, d_model, d_ff, experts) of the layouts, per size: Llama-3-8B's MLP on GPUs;
+# small enough for XLA:CPU; and for the GPU tier's test (every local operand's rows a
+# multiple of 16 bytes over up to 8 devices, as the Pallas kernels' TMA copies need).
+SIZES = {"llm": (8192, 4096, 14336, 8), "cpu": (64, 32, 48, 8), "test": (512, 256, 1024, 8)}
+
+
+def layouts(size: str = "llm") -> list[Layout]:
+  """The sharding issue's layouts on a 1-D mesh `x` (`size`: a key of SIZES)."""
+  tokens, d, ff, experts = SIZES[size]
+  capacity = tokens // experts * 2        # top-2 routing: each expert's share of the copies
+  x = "x"
+  return [
+      Layout("sharded.data.M", "data parallel: x rows split, W replicated", 0, tokens, d, ff,
+             P(x, None), P(None, None), None),
+      Layout("sharded.column.N", "column parallel: W columns split, x replicated", 0, tokens,
+             d, ff, P(None, None), P(None, x), None),
+      Layout("sharded.row.K", "row parallel: K split, one all-reduce", 0, tokens, ff, d,
+             P(None, x), P(x, None), None),
+      Layout("sharded.row.K-scatter", "row parallel into sequence-sharded rows: K split, "
+             "one reduce-scatter", 0, tokens, ff, d, P(None, x), P(x, None), P(x, None)),
+      Layout("sharded.experts.B", f"{experts} experts split (batch), {capacity} tokens each",
+             experts, capacity, d, ff, P(x, None, None), P(x, None, None), None),
+  ]
+
+
+def _normal(key, shape, dtype, spec, mesh, scale=1.0):
+  """Random normal(0, scale) made in place on its shards (never gathered on one device)."""
+  make = jax.jit(lambda k: (scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype),
+                 out_shardings=NamedSharding(mesh, spec))
+  return make(key)
+
+
+@jax.jit
+def _rel_err(x, ref):
+  x, ref = x.astype(jnp.float32), ref.astype(jnp.float32)
+  return jnp.linalg.norm(x - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30)
+
+
+def _cannot_run_here(ctx: Context, backend: str) -> str:
+  """Why `backend` is not run on this machine ('' where it is)."""
+  if not ctx.on_gpu and jax.device_count() > 1 and backend not in ("xla", AUTO):
+    return ("not run: the interpreters cannot run inside a partitioned program on the CPU "
+            "(tests/sharding_on_8_devices.py says why)")
+  return ""
+
+
+def _call(backend: str):
+  """jaxgemm.matmul on `backend` (`auto`: no backend named, as a user calls it)."""
+  kw = {} if backend == AUTO else {"backend": backend}
+  return lambda a, b: jaxgemm.matmul(a, b, **kw)
+
+
+# ---------------------------------------------------------------- rows
+
+def _row(ctx: Context, timer: Timer, problem: str, kind: str, backend: str, variant: str,
+         mesh) -> dict:
+  row = base_row(ctx, SUITE, kind, backend, variant)
+  row.update(problem=problem, mesh=" x ".join(f"{n}={s}" for n, s in mesh.shape.items()),
+             timer=timer.label)
+  return row
+
+
+def wall_timer(platform: str) -> Timer:
+  """The wall clock, labelled why: a program on several devices has no one kernel time."""
+  timer = Timer(platform, force_wall=True)
+  timer.fallback_reason = "around block_until_ready of a program on every device of the mesh"
+  return timer
+
+
+def _memory_gb(b: int | None):
+  return "" if b is None else b / 1e9
+
+
+def _program_fields(prog: Program, ref: Program | None) -> dict:
+  out = {"collectives": describe_collectives(prog.collectives),
+         "collective_mb": sum(b for _, b in collective_totals(prog.collectives).values()) / 1e6,
+         "mem_per_device_gb": _memory_gb(prog.memory),
+         "local_problems": "; ".join(prog.local_problems),
+         "compile_s": prog.compile_s}
+  if ref is not None:
+    out.update(same_collectives=int(collective_totals(prog.collectives)
+                                    == collective_totals(ref.collectives)),
+               xla_mem_per_device_gb=_memory_gb(ref.memory))
+  return out
+
+
+def run_layouts(ctx: Context, timer: Timer, backends: list[str], size: str = "llm",
+                only: Callable[[str], bool] = lambda name: True, hlo_dir=None) -> list[dict]:
+  """Every layout, on XLA's dot and on each backend; a row each (see the module doc)."""
+  devices = jax.devices()
+  mesh = jax.make_mesh((len(devices),), ("x",), axis_types=(AxisType.Auto,))
+  dtype = BP.dtype_of(ctx.dtype_name)
+  tol = TOLERANCE[ctx.dtype_name]
+  rows = []
+  for i, lay in enumerate(layouts(size)):
+    if not only(lay.name):
+      continue
+    ref_row = _row(ctx, timer, lay.name, "sharded_gemm", REF, REF_VARIANT, mesh)
+    ref_row.update(batch=lay.batch or 1, m=lay.m, k=lay.k, n=lay.n, layout="NN",
+                   flops=lay.flops, problem_note=lay.what)
+    if ctx.out_of_time():
+      ref_row.update(status=STATUS_SKIPPED, note=f"not run: --time-budget {ctx.time_budget_s:g} s spent")
+      ctx.emit(ref_row)
+      rows.append(ref_row)
+      continue
+    ctx.log(f"[{lay.name}] {lay.what}: {lay.shapes()[0]} {lay.a_spec} @ {lay.shapes()[1]} "
+            f"{lay.b_spec} on {len(devices)} devices")
+    key_a, key_b = jax.random.split(jax.random.PRNGKey(ctx.seed + i))
+    a_shape, b_shape = lay.shapes()
+    a = _normal(key_a, a_shape, dtype, lay.a_spec, mesh)
+    b = _normal(key_b, b_shape, dtype, lay.b_spec, mesh, scale=1 / math.sqrt(lay.k))
+    out_sh = None if lay.out_spec is None else NamedSharding(mesh, lay.out_spec)
+    with jax.set_mesh(mesh):
+      ref = compile_program(jnp.matmul, (a, b), out_sh, _hlo_file(hlo_dir, lay.name, REF))
+      want = ref.compiled(a, b)
+      ref_row.update(status=STATUS_OK, **_program_fields(ref, None))
+      ref_times = []
+      for backend in backends:
+        row = _row(ctx, timer, lay.name, "sharded_gemm", backend, "default" if backend == AUTO
+                   else "(default)", mesh)
+        row.update({k: ref_row[k] for k in ("batch", "m", "k", "n", "layout", "flops",
+                                            "problem_note")})
+        if excluded(ctx.exclude, backend, row["variant"], lay.name) or _cannot_run_here(
+            ctx, backend):
+          row.update(status=STATUS_SKIPPED, note=_cannot_run_here(ctx, backend) or "--exclude")
+        else:
+          try:
+            prog = compile_program(_call(backend), (a, b), out_sh,
+                                   _hlo_file(hlo_dir, lay.name, backend))
+            got = prog.compiled(a, b)
+            err = float(_rel_err(got, want))
+            row.update(_program_fields(prog, ref), tolerance=tol, note=f"rel_err {err:.2e}")
+            if not err <= tol:
+              row.update(status=STATUS_FAIL, error=f"relative error {err:.3e} > {tol:g}")
+            else:
+              k_times, x_times = time_paired(timer, prog.compiled, ref.compiled, (a, b),
+                                             ctx.iters)
+              ks, xs = summarize(k_times), summarize(x_times)
+              ref_times += x_times
+              row.update(_time_fields(ks, xs),
+                         tflops=lay.flops / (ks["median_ms"] * 1e-3) / 1e12)
+          except Exception as e:  # noqa: BLE001 (one backend's failure is a row, not the end)
+            row.update(status=STATUS_ERROR, error=short_error(e))
+        ctx.log(f"  {backend:>8}: {_describe(row)}")
+        ctx.emit(row)
+        rows.append(row)
+      if ref_times:
+        xs = summarize(ref_times)
+        ref_row.update(_time_fields(xs), tflops=lay.flops / (xs["median_ms"] * 1e-3) / 1e12)
+      ctx.log(f"  {REF:>8}: {_describe(ref_row)}")
+      ctx.emit(ref_row)
+      rows.append(ref_row)
+  return rows
+
+
+def _time_fields(ks: dict, xs: dict | None = None) -> dict:
+  """A row's time columns from `summarize` of its times (and of XLA's beside them)."""
+  out = dict(status=STATUS_OK, iters=ks["n"], time_ms_median=ks["median_ms"],
+             time_ms_p10=ks["p10_ms"], time_ms_p90=ks["p90_ms"], time_ms_min=ks["min_ms"])
+  if xs is not None:
+    out.update(xla_time_ms=xs["median_ms"], speedup_vs_xla=xs["median_ms"] / ks["median_ms"])
+  return out
+
+
+def _describe(row: dict) -> str:
+  if row["status"] != STATUS_OK:
+    return f"{row['status']}: {row.get('error') or row.get('note', '')}"
+  parts = []
+  if row.get("time_ms_median"):
+    parts.append(f"{row['time_ms_median']:.3f} ms")
+  if row.get("speedup_vs_xla"):
+    parts.append(f"{row['speedup_vs_xla']:.3f}x XLA")
+  if row.get("mem_per_device_gb") not in (None, ""):
+    parts.append(f"{row['mem_per_device_gb']:.2f} GB/device")
+  if "same_collectives" in row:
+    parts.append("same collectives" if row["same_collectives"] else "OTHER collectives")
+  parts.append(row["collectives"])
+  return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- the training step
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """A stack of Megatron-style transformer blocks (see the module doc)."""
+
+  batch: int
+  seq: int
+  d_model: int
+  heads: int
+  d_ff: int
+  layers: int
+  steps: int
+  lr: float = 3e-4
+  model_parallel: int = 2     # the `model` axis; `data` takes the other devices
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.heads
+
+  def mesh_shape(self, devices: int) -> tuple[int, int]:
+    model = math.gcd(self.model_parallel, devices)
+    return devices // model, model
+
+  @property
+  def flops(self) -> int:
+    """GEMM FLOPs of one step (forward + backward = 3x forward), attention's included."""
+    tokens = self.batch * self.seq
+    dense = 2 * tokens * (4 * self.d_model ** 2 + 2 * self.d_model * self.d_ff)
+    attention = 2 * 2 * self.batch * self.seq ** 2 * self.d_model
+    return 3 * self.layers * (dense + attention)
+
+
+STEPS = {
+    "llm": StepConfig(batch=8, seq=2048, d_model=4096, heads=32, d_ff=14336, layers=2, steps=20),
+    "cpu": StepConfig(batch=4, seq=8, d_model=32, heads=4, d_ff=64, layers=2, steps=3, lr=1e-2),
+    "test": StepConfig(batch=8, seq=128, d_model=256, heads=4, d_ff=1024, layers=2, steps=5,
+                       lr=1e-3),
+}
+
+PARAM_SPECS = dict(wq=P(None, "model"), wk=P(None, "model"), wv=P(None, "model"),
+                   wo=P("model", None), w1=P(None, "model"), w2=P("model", None))
+
+
+def init_params(cfg: StepConfig, key, mesh) -> list[dict]:
+  d, f = cfg.d_model, cfg.d_ff
+  shapes = dict(wq=(d, d), wk=(d, d), wv=(d, d), wo=(d, d), w1=(d, f), w2=(f, d))
+  params = []
+  for layer_key in jax.random.split(key, cfg.layers):
+    keys = dict(zip(shapes, jax.random.split(layer_key, len(shapes))))
+    params.append({n: _normal(keys[n], s, jnp.float32, PARAM_SPECS[n], mesh,
+                              scale=1 / math.sqrt(s[0])) for n, s in shapes.items()})
+  return params
+
+
+def _rmsnorm(x):
+  x32 = x.astype(jnp.float32)
+  return (x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)).astype(x.dtype)
+
+
+def block(p: dict, h, cfg: StepConfig, matmul, dot_general, dtype):
+  """Pre-norm causal attention and a GELU MLP, each with its residual."""
+  b, s, _ = h.shape
+  w = {n: v.astype(dtype) for n, v in p.items()}
+  x = _rmsnorm(h)
+  split = lambda t: t.reshape(b, s, cfg.heads, cfg.head_dim).transpose(0, 2, 1, 3)
+  q, k, v = (split(matmul(x, w[n])) for n in ("wq", "wk", "wv"))
+  scores = dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1)))).astype(jnp.float32)
+  causal = jnp.tril(jnp.ones((s, s), bool))
+  scores = jnp.where(causal, scores / math.sqrt(cfg.head_dim), -1e30)
+  probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+  heads = dot_general(probs, v, (((3,), (2,)), ((0, 1), (0, 1))))
+  h = h + matmul(heads.transpose(0, 2, 1, 3).reshape(b, s, cfg.d_model), w["wo"])
+  return h + matmul(jax.nn.gelu(matmul(_rmsnorm(h), w["w1"])), w["w2"])
+
+
+def make_step(cfg: StepConfig, matmul, dot_general, dtype):
+  def loss_fn(params, x, target):
+    h = x.astype(dtype)
+    for p in params:
+      h = block(p, h, cfg, matmul, dot_general, dtype)
+    return jnp.mean(jnp.square(_rmsnorm(h).astype(jnp.float32) - target))
+
+  def step(params, opt, x, target):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, target)
+    params, opt = T.adam_update(params, grads, opt, cfg.lr)
+    return params, opt, loss
+
+  return step
+
+
+def _dots(backend: str | None):
+  """(matmul, dot_general): jaxgemm's on `backend`, or jnp's / lax's for None."""
+  if backend is None:
+    return jnp.matmul, lax.dot_general
+  kw = {} if backend == AUTO else {"backend": backend}
+  return (lambda a, b: jaxgemm.matmul(a, b, **kw),
+          lambda a, b, dims: jaxgemm.dot_general(a, b, dims, **kw))
+
+
+def run_step(ctx: Context, timer: Timer, backends: list[str], cfg: StepConfig,
+             hlo_dir=None) -> list[dict]:
+  """The training step on XLA's dot and on each backend (rows `sharded_step`)."""
+  devices = jax.device_count()
+  data, model = cfg.mesh_shape(devices)
+  mesh = jax.make_mesh((data, model), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  dtype = BP.dtype_of(ctx.dtype_name)
+  tol = T.TRAJECTORY_TOL[ctx.dtype_name]
+  tokens = cfg.batch * cfg.seq
+  describe = (f"{cfg.layers} Megatron blocks, d_model {cfg.d_model}, {cfg.heads} heads, d_ff "
+              f"{cfg.d_ff}, batch {cfg.batch} x seq {cfg.seq}, Adam, {cfg.steps} steps, "
+              f"mesh data {data} x model {model}")
+  ctx.log(f"[{STEP_NAME}] {describe}")
+  kp, kx, kt = jax.random.split(jax.random.PRNGKey(ctx.seed), 3)
+  with jax.set_mesh(mesh):
+    params = init_params(cfg, kp, mesh)
+    act = P("data", None, None)
+    x = _normal(kx, (cfg.batch, cfg.seq, cfg.d_model), jnp.float32, act, mesh)
+    target = _normal(kt, (cfg.batch, cfg.seq, cfg.d_model), jnp.float32, act, mesh)
+    opt = T.adam_init(params)
+    args = (params, opt, x, target)
+
+    def train(prog: Program) -> list[float]:
+      p, o, losses = params, opt, []
+      for _ in range(cfg.steps):
+        p, o, loss = prog.compiled(p, o, x, target)
+        losses.append(float(loss))
+      return losses
+
+    def base(backend, variant):
+      row = _row(ctx, timer, STEP_NAME, "sharded_step", backend, variant, mesh)
+      row.update(flops=cfg.flops, tokens_per_step=tokens, steps=cfg.steps,
+                 problem_note=describe)
+      return row
+
+    ref_row = base(REF, "jnp.matmul")
+    ref = compile_program(make_step(cfg, *_dots(None), dtype), args,
+                          hlo_file=_hlo_file(hlo_dir, STEP_NAME, REF))
+    ref_losses = train(ref)
+    ref_row.update(status=STATUS_OK, loss_first=ref_losses[0], loss_last=ref_losses[-1],
+                   **_program_fields(ref, None))
+    ref_times, rows = [], []
+    for backend in backends:
+      row = base(backend, "default" if backend == AUTO else "(default)")
+      if _cannot_run_here(ctx, backend):
+        row.update(status=STATUS_SKIPPED, note=_cannot_run_here(ctx, backend))
+        ctx.emit(row)
+        rows.append(row)
+        continue
+      try:
+        prog = compile_program(make_step(cfg, *_dots(backend), dtype), args,
+                               hlo_file=_hlo_file(hlo_dir, STEP_NAME, backend))
+        losses = train(prog)
+        rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)]
+        row.update(_program_fields(prog, ref), loss_first=losses[0], loss_last=losses[-1],
+                   loss_max_rel_diff=max(rel), loss_last_rel_diff=rel[-1],
+                   loss0_rel_diff=rel[0], tolerance=tol, agree=int(max(rel) <= tol),
+                   note="losses " + " ".join(f"{v:.4g}" for v in losses))
+        if not max(rel) <= tol:
+          row.update(status=STATUS_FAIL, error=f"loss differs from XLA's by {max(rel):.3e} "
+                                               f"> {tol:g} (relative)")
+        else:
+          k_times, x_times = time_paired(timer, prog.compiled, ref.compiled, args, ctx.iters)
+          ks, xs = summarize(k_times), summarize(x_times)
+          ref_times += x_times
+          row.update(_time_fields(ks, xs), step_wall_ms=ks["median_ms"],
+                     tokens_per_s=tokens / (ks["median_ms"] * 1e-3),
+                     tflops=cfg.flops / (ks["median_ms"] * 1e-3) / 1e12)
+      except Exception as e:  # noqa: BLE001
+        row.update(status=STATUS_ERROR, error=short_error(e))
+      ctx.log(f"  {backend:>8}: {_describe(row)}")
+      ctx.emit(row)
+      rows.append(row)
+    if ref_times:
+      xs = summarize(ref_times)
+      ref_row.update(_time_fields(xs), step_wall_ms=xs["median_ms"],
+                     tokens_per_s=tokens / (xs["median_ms"] * 1e-3),
+                     tflops=cfg.flops / (xs["median_ms"] * 1e-3) / 1e12)
+    ref_row["note"] = "losses " + " ".join(f"{v:.4g}" for v in ref_losses)
+    ctx.log(f"  {REF:>8}: {_describe(ref_row)}")
+    ctx.emit(ref_row)
+    rows.append(ref_row)
+  return rows
+
+
+def run_sharded_suite(ctx: Context, backends: list[str], *, size: str | None = None,
+                      only: str = "", steps: int | None = None, hlo_dir=None) -> list[dict]:
+  """The training step, then the layouts (under a time budget, as many as it leaves time for).
+
+  size: a key of SIZES / STEPS (default: "llm" on a GPU, "cpu" elsewhere); `only`:
+  comma-separated globs of problem names (the layouts' and `sharded.step`); `hlo_dir`:
+  where each compiled program's collectives are written, one file per row.
+  """
+  import fnmatch  # noqa: PLC0415
+  globs = [g.strip() for g in only.split(",") if g.strip()]
+  wanted = lambda name: not globs or any(fnmatch.fnmatch(name, g) for g in globs)
+  size = size or ("llm" if ctx.on_gpu else "cpu")
+  cfg = dataclasses.replace(STEPS[size], **({"steps": steps} if steps else {}))
+  timer = wall_timer(ctx.platform)
+  rows = run_step(ctx, timer, backends, cfg, hlo_dir) if wanted(STEP_NAME) else []
+  return rows + run_layouts(ctx, timer, backends, size, wanted, hlo_dir)
