@@ -121,6 +121,20 @@ def list_collectives(found: Counter) -> str:
   return "; ".join(f"{k} {t}" + (f" x{n}" if n > 1 else "") for (k, t), n in sorted(found.items()))
 
 
+_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
+
+
+def custom_calls(hlo: str) -> str:
+  """'triton_kernel_call x12; __cublas$lt$matmul x3': which kernels a program calls (the
+  GEMM kernels are custom calls: jaxgemm's Triton and Mosaic GPU ones, and cuBLAS).
+
+  >>> custom_calls('%c = f32[4] custom-call(%a), custom_call_target="mosaic_gpu_v2"')
+  'mosaic_gpu_v2 x1'
+  """
+  found = Counter(_CUSTOM_CALL.findall(hlo))
+  return "; ".join(f"{k} x{n}" for k, n in sorted(found.items())) or "none"
+
+
 def memory_per_device(compiled) -> int | None:
   """Bytes XLA plans on one device for a compiled program (None where it does not say)."""
   try:
@@ -142,6 +156,7 @@ class Program:
   memory: int | None
   local_problems: list[str]
   compile_s: float
+  custom_calls: str = ""
 
 
 def compile_program(fn, args, out_shardings=None, hlo_file=None) -> Program:
@@ -155,7 +170,8 @@ def compile_program(fn, args, out_shardings=None, hlo_file=None) -> Program:
     hlo_file.write_text("".join(line.strip() + "\n" for line in hlo.splitlines()
                                 if _COLLECTIVE.search(line)))
   return Program(compiled, collectives(hlo), memory_per_device(compiled),
-                 sorted({x.problem.describe() for x in seen}), time.perf_counter() - t0)
+                 sorted({x.problem.describe() for x in seen}), time.perf_counter() - t0,
+                 custom_calls(hlo))
 
 
 def _hlo_file(hlo_dir, problem: str, backend: str):
@@ -266,6 +282,7 @@ def _program_fields(prog: Program, ref: Program | None) -> dict:
          "collective_mb": sum(b for _, b in collective_totals(prog.collectives).values()) / 1e6,
          "mem_per_device_gb": _memory_gb(prog.memory),
          "local_problems": "; ".join(prog.local_problems),
+         "custom_calls": prog.custom_calls,
          "compile_s": prog.compile_s}
   if ref is not None:
     out.update(same_collectives=int(collective_totals(prog.collectives)
@@ -365,6 +382,8 @@ def _describe(row: dict) -> str:
   if "same_collectives" in row:
     parts.append("same collectives" if row["same_collectives"] else "OTHER collectives")
   parts.append(row["collectives"])
+  if row.get("custom_calls"):
+    parts.append(f"calls {row['custom_calls']}")
   return ", ".join(parts)
 
 

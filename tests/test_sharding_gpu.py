@@ -47,3 +47,8 @@ def test_every_layout_and_the_step_run_their_shards_like_xla(backend):
   assert f"1x({tokens // n}x{d} @ {d}x{ff})" in by["sharded.data.M", backend]["local_problems"]
   assert f"1x({tokens}x{d} @ {d}x{ff // n})" in by["sharded.column.N", backend]["local_problems"]
   assert by[S.STEP_NAME, backend]["agree"] == 1
+  # the named backend's kernels are what ran (custom calls of the compiled programs)
+  kernel = {"triton": "triton_kernel_call", "pallas": "mosaic_gpu"}.get(backend)
+  if kernel:
+    for name in names:
+      assert kernel in by[name, backend]["custom_calls"], (name, by[name, backend]["custom_calls"])

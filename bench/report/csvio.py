@@ -42,7 +42,7 @@ COLUMNS = [
     "loss_last",
     "loss_max_rel_diff", "loss_last_rel_diff", "loss0_rel_diff", "grad_rel_err", "agree",
     "mesh", "collectives", "collective_mb", "same_collectives", "mem_per_device_gb",
-    "xla_mem_per_device_gb", "local_problems",
+    "xla_mem_per_device_gb", "local_problems", "custom_calls",
     "config", "chosen", "group_sizes", "peak_tflops", "copy_bw_gbps", "problem_note", "input_dist", "seed",
     *PROVENANCE,
 ]

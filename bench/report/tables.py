@@ -940,12 +940,12 @@ def sharded_table(run: Run) -> list[str]:
           f"{mem:.2f}" if mem is not None else "-", r.get("collectives") or "-",
           {"1": "same", "0": "differ"}.get(r.get("same_collectives", ""), ""),
           losses + (f" (max rel diff {diff:.1e})" if diff is not None else ""),
-          _local_problems(r.get("local_problems", ""))])
+          _local_problems(r.get("local_problems", "")), r.get("custom_calls") or "-"])
     note = ref.get("problem_note", "")
     out += [f"**`{problem}`**: {note} (mesh {ref.get('mesh', '?')}).", "",
             *_table(["GEMMs", "status", "ms (median)", "vs XLA", "TFLOP/s", "GB/device",
                      "collectives", "vs XLA's", "loss first -> last",
-                     "local problems"], body), ""]
+                     "local problems", "custom calls"], body), ""]
   return out[:-1]
 
 
