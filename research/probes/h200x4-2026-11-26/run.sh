@@ -4,6 +4,7 @@
 # single-GPU jobs side by side, one per GPU (CUPTI kernel times are per device):
 #   GPU 0  fp8 suite, its GEMMs (issue 28)          GPU 1  random r12-r47, no tables (issue 23)
 #   GPU 2  fp8 suite, its training step (auto)      GPU 3  GPU tier of the FP8 tests
+# then the sharding GPU tier (tests/test_sharding_gpu.py) on all four.
 # Usage there: bash research/probes/h200x4-2026-11-26/run.sh   (writes under $OUT)
 set -u
 make gpu-env > "$OUT/env.log" 2>&1
@@ -31,4 +32,5 @@ tar czf "$OUT/sharded.tgz" -C $R h200x4-sharded-2026-11-26b 2>/dev/null
 wait
 tar czf "$OUT/single.tgz" -C $R h200-fp8-gemms-2026-11-26 h200-random-2026-11-26b \
   h200-fp8-step-2026-11-26 2>/dev/null
-stamp all 0
+timeout 95 python3 -m pytest -q -p no:cacheprovider tests/test_sharding_gpu.py \
+  > "$OUT/sharding-gpu-tier.log" 2>&1; stamp sharding-tier $?
