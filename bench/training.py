@@ -535,6 +535,10 @@ def _tree_rel_err(a, b) -> float:
   return math.sqrt(num / den) if den > 0 else float("nan")
 
 
+# The most bytes of training-step outputs one timing measurement keeps alive.
+STEP_OUTPUTS_LIVE_BYTES = 8e9
+
+
 def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_name: str,
               mm: Callable | None = None, reference: Callable | None = None,
               gmm: Callable | None = None, ep: Epilogues | None = None):
@@ -584,10 +588,15 @@ def train_one(ctx: Context, cfg: ModelConfig, backend: str, variant: str, dtype_
   args = (params, opt, *data[0])
   info = {"compile_s": compile_s, "stopped": "", "compiled": compiled,
           "wall_ms": 1e3 * float(np.median(walls[1:])) if len(walls) > 1 else None}
+  # A step returns the parameters and Adam's state: measured a few calls at a time
+  # (`Timer.time`'s chunk), so that no more than STEP_OUTPUTS_LIVE_BYTES of them live.
+  out_bytes = sum(x.nbytes for x in jax.tree.leaves((params, opt)))
+  chunk = max(1, int(STEP_OUTPUTS_LIVE_BYTES // max(out_bytes, 1)))
   if reference is None:
-    samples = ctx.timer.time(compiled, args, ctx.iters)
+    samples = ctx.timer.time(compiled, args, ctx.iters, chunk)
   else:
-    samples, ref_samples = time_paired(ctx.timer, compiled, reference, args, ctx.iters)
+    samples, ref_samples = time_paired(ctx.timer, compiled, reference, args, ctx.iters,
+                                       chunk=chunk)
     info["xla_ms"] = summarize(ref_samples)["median_ms"]
   return losses, grads0, summarize(samples), info
 

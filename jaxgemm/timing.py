@@ -132,10 +132,22 @@ class Timer:
   def is_device_timer(self) -> bool:
     return self._measure is not None
 
-  def time(self, f, args, iters: int) -> list[float]:
-    """`iters` per-call times (ms) of f(*args); f is warmed up by the caller."""
+  def time(self, f, args, iters: int, chunk: int | None = None) -> list[float]:
+    """`iters` per-call times (ms) of f(*args); f is warmed up by the caller.
+
+    chunk: at most this many calls per CUPTI measurement. `measure` keeps every call's
+    outputs alive until it returns, so a function with large outputs (a training step
+    returns the parameters and optimizer state: 5.2 GB for the fp8 suite's model) is
+    measured a few calls at a time; 20 at once ran an 80 GB H100 and a 139 GB H200 out
+    of memory (research/probes/h200x4-2026-11-26).
+    """
     if self._measure is None:
       return _wall(f, args, iters)
+    if chunk and chunk < iters:
+      out = []
+      while len(out) < iters:
+        out += self.time(f, args, min(chunk, iters - len(out)))
+      return out
     try:
       if self._takes_iterations:
         _, timings = self._measure(f, iterations=iters)(*args)
@@ -170,7 +182,7 @@ PAIR_BLOCK_MS = 10.0
 
 
 def time_paired(timer: Timer, kernel, reference, args, iters: int,
-                block_ms: float = PAIR_BLOCK_MS) -> tuple[list, list]:
+                block_ms: float = PAIR_BLOCK_MS, chunk: int | None = None) -> tuple[list, list]:
   """(kernel's, reference's) per-call times (ms), `iters` each, interleaved.
 
   Both are already compiled and warmed up; both are called on `args`.
@@ -184,10 +196,11 @@ def time_paired(timer: Timer, kernel, reference, args, iters: int,
   820.6 then 749.6, research/probes/pallas-2026-11-23c/probe_pingpong.log).
   A block holds about `block_ms` of the reference's time (one untimed call of
   it first sizes them), from one call up to iters / 2, so calls of a few
-  milliseconds alternate every few calls (`PAIR_BLOCK_MS`).
+  milliseconds alternate every few calls (`PAIR_BLOCK_MS`); `chunk` caps the
+  calls of one measurement as in `Timer.time`.
   """
   estimate_ms = timer.time(reference, args, 1)[0]
-  block = max(1, min(iters // 2, round(block_ms / max(estimate_ms, 1e-6))))
+  block = max(1, min(iters // 2, chunk or iters, round(block_ms / max(estimate_ms, 1e-6))))
   timed = {0: [], 1: []}                      # 0: the kernel, 1: the reference
   order = (1, 0, 0, 1)
   turn = 0

@@ -316,6 +316,6 @@ class DriftingTimer:
   def __init__(self):
     self.calls = []
 
-  def time(self, f, args, iters):
+  def time(self, f, args, iters, chunk=None):
     self.calls.append((f, iters))
     return [1.1 ** (len(self.calls) - 1)] * iters

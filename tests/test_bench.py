@@ -357,7 +357,7 @@ class TwoSpeedTimer:
     self.clock = 0
     self.calls = []
 
-  def time(self, f, args, iters):
+  def time(self, f, args, iters, chunk=None):
     self.calls.append((f, iters))
     out = [5.0 * (1.15 if (self.clock + i) // 8 % 2 else 1.0) for i in range(iters)]
     self.clock += iters
@@ -740,3 +740,26 @@ def test_history_keeps_headline_rows_and_merges_by_run_id(tmp_path):
   assert [r["run_id"] for r in rows] == ["run-a"] * 3 + ["run-b"] * 3
   assert float(rows[1]["time_ms_median"]) == pytest.approx(0.3)
   assert float(rows[4]["time_ms_median"]) == pytest.approx(0.25)
+
+
+def test_timer_measures_large_outputs_a_few_calls_at_a_time():
+  """CUPTI's measure keeps every call's outputs alive until it returns: a training step's
+  (parameters and optimizer state) are measured `chunk` calls at a time, and time_paired's
+  blocks keep to the chunk too."""
+  calls = []
+
+  class Recording(timing.Timer):
+    def __init__(self):
+      super().__init__("cpu")
+      self._measure, self._takes_iterations = self._fake, True
+
+    def _fake(self, f, iterations):
+      calls.append(iterations)
+      return lambda *a: (None, [1.0] * iterations)
+
+  t = Recording()
+  assert t.time(lambda: None, (), 20, chunk=3) == [1.0] * 20
+  assert calls == [3, 3, 3, 3, 3, 3, 2]
+  calls.clear()
+  timing.time_paired(t, lambda: None, lambda: None, (), 10, block_ms=1e9, chunk=2)
+  assert calls and max(calls) <= 2

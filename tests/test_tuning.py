@@ -267,7 +267,7 @@ class CountingTimer:
   def __init__(self):
     self.arg_counts = []
 
-  def time(self, f, args, iters):
+  def time(self, f, args, iters, chunk=None):
     self.arg_counts.append(len(args))
     return [1.0] * iters
 
@@ -294,7 +294,7 @@ class TwoXlaProgramsTimer:
   def __init__(self, own, kernel):
     self.own, self.kernel, self.seen = own, kernel, []
 
-  def time(self, f, args, iters):
+  def time(self, f, args, iters, chunk=None):
     if f not in self.seen:
       self.seen.append(f)
     return [{0: self.own, 1: 1.0}.get(self.seen.index(f), self.kernel)] * iters
@@ -331,7 +331,7 @@ class LuckyFirstTimer:
   def __init__(self):
     self.seen = {}   # function -> blocks timed
 
-  def time(self, f, args, iters):
+  def time(self, f, args, iters, chunk=None):
     n = self.seen.setdefault(f, 0)
     self.seen[f] = n + 1
     lucky = len(self.seen) >= 2 and f is list(self.seen)[1]   # the first kernel
