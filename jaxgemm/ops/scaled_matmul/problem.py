@@ -139,14 +139,22 @@ def kernel_win(problem: ScaledMatmulProblem, device_kind: str) -> tuple[str, str
     the fp32 accumulation the op promises, the `xla` backend runs HIGHEST, which at
     128 rows is 0.15x of XLA's default-precision form, so the kernel keeps both
     speed and accuracy there;
-  * a mixed e4m3 x e5m2 pair (the per-tensor recipe's gradients), Triton at every
-    size: its PTX has the mixed fp8 wgmma, where Pallas casts to float16 (half
-    rate). Inferred from the PTX and the same-dtype timings, not timed.
+  * a mixed e4m3 x e5m2 pair with per-tensor scales (the per-tensor recipe's dgrad
+    and wgrad), none: on the H200 XLA's scaled form ran the layer's dgrad
+    (8192x14336x4096, NT) at 1425 TFLOP/s and wgrad (4096x8192x14336, TN) at 1172,
+    where Triton ran 0.70x and 0.78x of it, Pallas (which casts to float16) 0.46x and
+    0.50x, and the `xla` backend (HIGHEST) 0.95x and 0.93x (research/probes/
+    h200x4-2026-11-26/, run2.sh: the fp8 suite on one GPU of an nvidia-h200-x2);
+  * a mixed pair with block scales, Triton (its PTX has the mixed fp8 wgmma; XLA's
+    block-scaled form is one GEMM per 128 of K, 10-16x slower in the same-dtype
+    timings). Inferred, not timed.
   """
   if not any(kind in device_kind for kind in WIN_DEVICE_KINDS):
     return None
   if problem.dtype != problem.b_dtype:
-    return "triton", "mixed fp8 pair: fp8 wgmma of both types (Pallas would cast to float16)"
+    if problem.scale_kind == "tensor":
+      return None
+    return "triton", "mixed fp8 pair, block scales: fp8 wgmma of both types"
   if problem.m >= WIN_MIN_MN and problem.n >= WIN_MIN_MN:
     return "pallas", (f"{problem.scale_kind} scales from {WIN_MIN_MN} rows and columns: "
                       f"persistent warp-specialized FP8 wgmma, promoted every 128 of K")

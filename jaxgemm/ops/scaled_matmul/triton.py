@@ -25,7 +25,7 @@ B stored (N, K) (`trans_b=True`) with K a multiple of 16 are read in place.
 Config: the matmul's `TritonConfig`; block_k must divide 128 (32, 64 or 128),
 split_k, tma, warp_specialize and epilogue_subtile > 1 are refused.
 `backend="auto"` takes this kernel untuned where `problem.kernel_win` says
-(below 4096 rows or columns, and mixed fp8 pairs, on Hopper).
+(below 4096 rows or columns, and mixed fp8 pairs with block scales, on Hopper).
 """
 
 from __future__ import annotations
