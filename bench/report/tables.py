@@ -908,7 +908,8 @@ SHARDED_NOTE = (
     "inputs and shardings, timed interleaved by the wall clock (a program on several GPUs has no "
     "one kernel time). Collectives are read off each compiled HLO (per kind: ops, MB of results "
     "on one device); memory is what XLA plans per device (arguments + outputs + temporaries - "
-    "aliased). `bench/sharded.py` says more.")
+    "aliased); TFLOP/s counts the program's GEMM FLOPs over its time, all devices together. "
+    "`bench/sharded.py` says more.")
 
 
 def _local_problems(text: str) -> str:
@@ -1085,8 +1086,12 @@ def _run_line(run: Run) -> str:
   """Device, versions, dtypes, timer, commit and date of the run, in one line."""
   f = run.first
   dtypes = ", ".join(dict.fromkeys(r["dtype"] for r in run.gemm)) or f.get("dtype", "?")
-  return (f"{f.get('device', '?')}, jax {f.get('jax', '?')}, triton {f.get('triton', '?')}, "
-          f"{dtypes}, timer {f.get('timer', '?')}, commit "
+  # The timer of the rows the tables show (a sharded run's are wall clock; its first
+  # row, the copy bandwidth, is CUPTI's).
+  shown = run.gemm or [r for r in run.rows if r["kind"].startswith("sharded_")] or [f]
+  devices = f" x {f['device_count']}" if f.get("device_count", "1") not in ("", "1") else ""
+  return (f"{f.get('device', '?')}{devices}, jax {f.get('jax', '?')}, triton {f.get('triton', '?')}, "
+          f"{dtypes}, timer {shown[0].get('timer', '?')}, commit "
           f"`{f.get('git_commit', '?')[:10]}`, {f.get('date', '?')}.")
 
 
@@ -1101,7 +1106,8 @@ def readme_tables(run: Run, plots_rel: str, plots=PLOTS) -> str:
   if not run.on_gpu:
     lines += [f"> {NOT_GPU_BANNER}", ""]
   lines += [_run_line(run), ""]
-  lines += [*headline_table(run), ""]
+  if run.gemm:
+    lines += [*headline_table(run), ""]
   summary = defaults_summary(run)
   if summary:
     lines += ["#### Defaults (backend='auto') vs XLA", "", *summary, ""]
