@@ -8,9 +8,9 @@ same placed inputs and the same output shardings: one calls jaxgemm (a backend,
 or `auto`), the other jnp / lax (XLA's dot: the `xla_dot` row). It records
 
 * the time of one call, jaxgemm's and XLA's interleaved in blocks (`time_paired`).
-  The clock is the wall clock around `block_until_ready`: a program on several
-  GPUs has no one kernel time, and its collectives and their overlap are part of
-  what is compared;
+  The clock is the wall clock over back-to-back calls (`PipelinedWallTimer`): a
+  program on several GPUs has no one kernel time, and its collectives and their
+  overlap are part of what is compared;
 * the collectives of each compiled HLO, by kind and operand type (`collectives`),
   and whether jaxgemm's are XLA's (`same_collectives`): a sharded operand gathered
   whole would show as an extra all-gather;
@@ -54,7 +54,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxgemm
 from jaxgemm import sharding
-from jaxgemm.timing import Timer, summarize, time_paired
+from jaxgemm.timing import summarize, time_paired
 
 from . import training as T
 from . import problems as BP
@@ -258,19 +258,40 @@ def _call(backend: str):
 
 # ---------------------------------------------------------------- rows
 
-def _row(ctx: Context, timer: Timer, problem: str, kind: str, backend: str, variant: str,
-         mesh) -> dict:
+def _row(ctx: Context, timer: PipelinedWallTimer, problem: str, kind: str, backend: str,
+         variant: str, mesh) -> dict:
   row = base_row(ctx, SUITE, kind, backend, variant)
   row.update(problem=problem, mesh=" x ".join(f"{n}={s}" for n, s in mesh.shape.items()),
              timer=timer.label)
   return row
 
 
-def wall_timer(platform: str) -> Timer:
-  """The wall clock, labelled why: a program on several devices has no one kernel time."""
-  timer = Timer(platform, force_wall=True)
-  timer.fallback_reason = "around block_until_ready of a program on every device of the mesh"
-  return timer
+class PipelinedWallTimer:
+  """The wall clock over back-to-back calls: a program on several devices has no one kernel
+  time, and one call's `block_until_ready` puts the host's launch of four devices' work
+  (and its wait) inside every sample.
+
+  `time(f, args, n)` launches n calls, waits once for the last (the devices run them in
+  order) and gives each call the mean. In `time_paired`'s blocks (about 10 ms of calls)
+  a 1 ms layout row is then timed ten calls at a time; a 25 ms step one call at a time, as
+  before. The first 4 x H200 run (bench/results/h200x4-sharded-2026-11-26/) timed every call
+  alone, and its layout rows' XLA medians moved from 0.63 to 1.08 ms within one row
+  (docs/results-sharded.md); this timer has not run on a GPU yet.
+  """
+
+  label = "wallclock (back-to-back calls of a program on every device of the mesh)"
+  is_device_timer = False
+
+  def time(self, f, args, iters: int, chunk: int | None = None) -> list[float]:
+    out = []
+    while len(out) < iters:
+      n = min(chunk or iters, iters - len(out))
+      t0 = time.perf_counter()
+      for _ in range(n):
+        result = f(*args)
+      jax.block_until_ready(result)
+      out += [(time.perf_counter() - t0) * 1e3 / n] * n
+    return out
 
 
 def _memory_gb(b: int | None):
@@ -291,7 +312,7 @@ def _program_fields(prog: Program, ref: Program | None) -> dict:
   return out
 
 
-def run_layouts(ctx: Context, timer: Timer, backends: list[str], size: str = "llm",
+def run_layouts(ctx: Context, timer: PipelinedWallTimer, backends: list[str], size: str = "llm",
                 only: Callable[[str], bool] = lambda name: True, hlo_dir=None) -> list[dict]:
   """Every layout, on XLA's dot and on each backend; a row each (see the module doc)."""
   devices = jax.devices()
@@ -487,7 +508,7 @@ def _dots(backend: str | None):
           lambda a, b, dims: jaxgemm.dot_general(a, b, dims, **kw))
 
 
-def run_step(ctx: Context, timer: Timer, backends: list[str], cfg: StepConfig,
+def run_step(ctx: Context, timer: PipelinedWallTimer, backends: list[str], cfg: StepConfig,
              hlo_dir=None) -> list[dict]:
   """The training step on XLA's dot and on each backend (rows `sharded_step`)."""
   devices = jax.device_count()
@@ -585,6 +606,6 @@ def run_sharded_suite(ctx: Context, backends: list[str], *, size: str | None = N
   wanted = lambda name: not globs or any(fnmatch.fnmatch(name, g) for g in globs)
   size = size or ("llm" if ctx.on_gpu else "cpu")
   cfg = dataclasses.replace(STEPS[size], **({"steps": steps} if steps else {}))
-  timer = wall_timer(ctx.platform)
+  timer = PipelinedWallTimer()
   rows = run_step(ctx, timer, backends, cfg, hlo_dir) if wanted(STEP_NAME) else []
   return rows + run_layouts(ctx, timer, backends, size, wanted, hlo_dir)

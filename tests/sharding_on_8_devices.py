@@ -763,3 +763,15 @@ def test_collectives_are_read_by_kind_and_bytes():
   assert S.collective_totals(found) == {"all-gather": (1, 4096), "all-reduce": (1, 2052),
                                         "reduce-scatter": (1, 512)}
   assert S.describe_collectives(S.collectives("")) == "none"
+
+
+def test_sharded_suite_times_calls_back_to_back():
+  """The sharded suite's clock launches a block of calls, waits once, and gives each the
+  mean; `chunk` splits a block as Timer.time's does."""
+  from jaxgemm.bench import sharded as S
+
+  calls = []
+  f = lambda x: calls.append(1) or x + 1
+  times = S.PipelinedWallTimer().time(f, (jnp.ones(4),), 5, chunk=2)
+  assert len(calls) == 5 and len(times) == 5
+  assert times[0] == times[1] and times[2] == times[3] and all(t > 0 for t in times)
