@@ -763,3 +763,30 @@ def test_timer_measures_large_outputs_a_few_calls_at_a_time():
   calls.clear()
   timing.time_paired(t, lambda: None, lambda: None, (), 10, block_ms=1e9, chunk=2)
   assert calls and max(calls) <= 2
+
+
+def test_sharded_rows_render_as_their_own_table_without_a_headline():
+  """A sharded-only run (bench/sharded.py): one table per problem, XLA's row last, the
+  step's many local problems as a count, the shown rows' timer in the run line and no empty
+  GEMM headline."""
+  base = {"run_id": "r", "suite": "sharded", "status": "ok", "device": "NVIDIA H200",
+          "device_count": "4", "timer": "wallclock (back-to-back)", "platform": "gpu",
+          "mesh": "data=2 x model=2", "problem_note": "a step", "collectives": "all-reduce 2 ops 1.00 MB"}
+  rows = [{**base, "kind": "copy_bw", "backend": "xla", "variant": "negate", "problem": "copy",
+           "timer": "cupti"},
+          {**base, "kind": "sharded_step", "problem": "sharded.step", "backend": "triton",
+           "variant": "(default)", "time_ms_median": "25.5", "speedup_vs_xla": "1.0",
+           "same_collectives": "1", "mem_per_device_gb": "7.7", "custom_calls": "triton_kernel_call x45",
+           "local_problems": "; ".join(f"p{i}" for i in range(15))},
+          {**base, "kind": "sharded_step", "problem": "sharded.step", "backend": runner.REF,
+           "variant": "jnp.matmul", "time_ms_median": "25.6", "mem_per_device_gb": "8.2"}]
+  run = view.Run(rows)
+  table = "\n".join(tables.sharded_table(run))
+  lines = [l for l in table.splitlines() if l.startswith("| ")]
+  assert lines[0].startswith("| GEMMs | status |")
+  assert lines[1].startswith("| triton/(default) | ok | 25.500 | 1.00x")
+  assert "| same |" in lines[1] and "15 (in the CSV)" in lines[1] and "triton_kernel_call x45" in lines[1]
+  assert lines[2].startswith("| XLA (jnp) | ok | 25.600 |")
+  block = tables.readme_tables(run, "plots", {})
+  assert "NVIDIA H200 x 4" in block and "timer wallclock (back-to-back)" in block
+  assert "| suite | problems |" not in block and "#### Sharded: 4 x NVIDIA H200" in block
