@@ -250,12 +250,6 @@ def _cannot_run_here(ctx: Context, backend: str) -> str:
   return ""
 
 
-def _call(backend: str):
-  """jaxgemm.matmul on `backend` (`auto`: no backend named, as a user calls it)."""
-  kw = {} if backend == AUTO else {"backend": backend}
-  return lambda a, b: jaxgemm.matmul(a, b, **kw)
-
-
 # ---------------------------------------------------------------- rows
 
 def _row(ctx: Context, timer: PipelinedWallTimer, problem: str, kind: str, backend: str,
@@ -353,7 +347,7 @@ def run_layouts(ctx: Context, timer: PipelinedWallTimer, backends: list[str], si
           row.update(status=STATUS_SKIPPED, note=_cannot_run_here(ctx, backend) or "--exclude")
         else:
           try:
-            prog = compile_program(_call(backend), (a, b), out_sh,
+            prog = compile_program(_dots(backend)[0], (a, b), out_sh,
                                    _hlo_file(hlo_dir, lay.name, backend))
             got = prog.compiled(a, b)
             err = float(_rel_err(got, want))
@@ -500,7 +494,8 @@ def make_step(cfg: StepConfig, matmul, dot_general, dtype):
 
 
 def _dots(backend: str | None):
-  """(matmul, dot_general): jaxgemm's on `backend`, or jnp's / lax's for None."""
+  """(matmul, dot_general): jaxgemm's on `backend` (`auto`: no backend named, as a user
+  calls it), or jnp's / lax's for None."""
   if backend is None:
     return jnp.matmul, lax.dot_general
   kw = {} if backend == AUTO else {"backend": backend}
