@@ -1,6 +1,6 @@
 """The `sharded` suite: jaxgemm on a mesh of every device, against XLA's dot on the same mesh.
 
-    python -m bench --suite sharded                       # the layouts, then the training step
+    python -m bench --suite sharded                       # the training step, then the layouts
     python -m bench --suite sharded --only 'sharded.step' # the training step alone
 
 Every row compiles two programs of the same expression for the same mesh, the
@@ -17,7 +17,8 @@ or `auto`), the other jnp / lax (XLA's dot: the `xla_dot` row). It records
 * the memory XLA plans per device for each program (`compiled.memory_analysis()`:
   arguments + outputs + temporaries - aliased buffers; one device's share of an
   SPMD program), since a gather would also show there;
-* the local problem each kernel was lowered for (`sharding.recording_local_problems`);
+* the local problem each kernel was lowered for (`sharding.recording_local_problems`),
+  and the program's custom calls (`custom_calls`: which kernels ran);
 * agreement with XLA: the result's relative Frobenius error against the dtype's
   tolerance (the GEMM suites' gate), or the step's loss trajectory.
 
@@ -48,7 +49,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
