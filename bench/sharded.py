@@ -355,33 +355,43 @@ def run_layouts(ctx: Context, timer: PipelinedWallTimer, backends: list[str], si
             if not err <= tol:
               row.update(status=STATUS_FAIL, error=f"relative error {err:.3e} > {tol:g}")
             else:
-              k_times, x_times = time_paired(timer, prog.compiled, ref.compiled, (a, b),
-                                             ctx.iters)
-              ks, xs = summarize(k_times), summarize(x_times)
-              ref_times += x_times
-              row.update(_time_fields(ks, xs),
-                         tflops=lay.flops / (ks["median_ms"] * 1e-3) / 1e12)
+              row.update(_timed(timer, prog, ref, (a, b), ctx.iters, lay.flops, ref_times))
           except Exception as e:  # noqa: BLE001 (one backend's failure is a row, not the end)
             row.update(status=STATUS_ERROR, error=short_error(e))
         ctx.log(f"  {backend:>8}: {_describe(row)}")
         ctx.emit(row)
         rows.append(row)
       if ref_times:
-        xs = summarize(ref_times)
-        ref_row.update(_time_fields(xs), tflops=lay.flops / (xs["median_ms"] * 1e-3) / 1e12)
+        ref_row.update(_time_fields(summarize(ref_times), lay.flops))
       ctx.log(f"  {REF:>8}: {_describe(ref_row)}")
       ctx.emit(ref_row)
       rows.append(ref_row)
   return rows
 
 
-def _time_fields(ks: dict, xs: dict | None = None) -> dict:
+def _time_fields(ks: dict, flops: int, xs: dict | None = None) -> dict:
   """A row's time columns from `summarize` of its times (and of XLA's beside them)."""
   out = dict(status=STATUS_OK, iters=ks["n"], time_ms_median=ks["median_ms"],
-             time_ms_p10=ks["p10_ms"], time_ms_p90=ks["p90_ms"], time_ms_min=ks["min_ms"])
+             time_ms_p10=ks["p10_ms"], time_ms_p90=ks["p90_ms"], time_ms_min=ks["min_ms"],
+             tflops=flops / (ks["median_ms"] * 1e-3) / 1e12)
   if xs is not None:
     out.update(xla_time_ms=xs["median_ms"], speedup_vs_xla=xs["median_ms"] / ks["median_ms"])
   return out
+
+
+def _timed(timer, prog: Program, ref: Program, args, iters: int, flops: int,
+           ref_times: list) -> dict:
+  """`prog` timed interleaved with XLA's `ref` (`time_paired`): its time columns; XLA's
+  times are added to `ref_times`, which make the XLA row's after every backend ran."""
+  k_times, x_times = time_paired(timer, prog.compiled, ref.compiled, args, iters)
+  ref_times += x_times
+  return _time_fields(summarize(k_times), flops, summarize(x_times))
+
+
+def _step_fields(fields: dict, tokens: int) -> dict:
+  """A training step's time columns, with its step time and tokens per second."""
+  ms = fields["time_ms_median"]
+  return {**fields, "step_wall_ms": ms, "tokens_per_s": tokens / (ms * 1e-3)}
 
 
 def _describe(row: dict) -> str:
@@ -565,22 +575,15 @@ def run_step(ctx: Context, timer: PipelinedWallTimer, backends: list[str], cfg: 
           row.update(status=STATUS_FAIL, error=f"loss differs from XLA's by {max(rel):.3e} "
                                                f"> {tol:g} (relative)")
         else:
-          k_times, x_times = time_paired(timer, prog.compiled, ref.compiled, args, ctx.iters)
-          ks, xs = summarize(k_times), summarize(x_times)
-          ref_times += x_times
-          row.update(_time_fields(ks, xs), step_wall_ms=ks["median_ms"],
-                     tokens_per_s=tokens / (ks["median_ms"] * 1e-3),
-                     tflops=cfg.flops / (ks["median_ms"] * 1e-3) / 1e12)
+          row.update(_step_fields(_timed(timer, prog, ref, args, ctx.iters, cfg.flops,
+                                         ref_times), tokens))
       except Exception as e:  # noqa: BLE001
         row.update(status=STATUS_ERROR, error=short_error(e))
       ctx.log(f"  {backend:>8}: {_describe(row)}")
       ctx.emit(row)
       rows.append(row)
     if ref_times:
-      xs = summarize(ref_times)
-      ref_row.update(_time_fields(xs), step_wall_ms=xs["median_ms"],
-                     tokens_per_s=tokens / (xs["median_ms"] * 1e-3),
-                     tflops=cfg.flops / (xs["median_ms"] * 1e-3) / 1e12)
+      ref_row.update(_step_fields(_time_fields(summarize(ref_times), cfg.flops), tokens))
     ref_row["note"] = "losses " + " ".join(f"{v:.4g}" for v in ref_losses)
     ctx.log(f"  {REF:>8}: {_describe(ref_row)}")
     ctx.emit(ref_row)
