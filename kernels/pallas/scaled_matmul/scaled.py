@@ -106,6 +106,10 @@ B_SCALE_BOX = 4
 # before the first's promotion (the `overlap` argument's default; the probe
 # measures both). Not measured.
 OVERLAP_PROMOTION = True
+# Whether per-tensor and per-row/column scales (applied once, after the K loop)
+# pair their K steps the same way (no scale reads in the loop). Not measured: the
+# probe times both.
+PAIR_UNSCALED_STEPS = False
 
 
 def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: common.Dims,
@@ -120,7 +124,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
   the K steps, the second's wgmma issued before the first's promotion.
   """
   assert not tma_scales or per_block, "tma_scales takes block scales"
-  assert not overlap or tma_scales, "overlap comes with tma_scales"
+  assert not overlap or tma_scales or not per_block, "block scales overlap with tma_scales"
   tk = BLOCK
   f32 = jnp.float32
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
@@ -291,17 +295,19 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
               plgpu.wgmma(acc1, a_smem.at[slots[1], wg_rows, :],
                           common.transposed(b_smem.at[slots[1]]))
               part0 = plgpu.wgmma_accumulator_load(acc0, wait_n=1)   # step 2j done
-              scale0 = smem_scale(a_scale_smem, b_scale_smem, slots[0])
+              if per_block:
+                part0 = part0 * smem_scale(a_scale_smem, b_scale_smem, slots[0])
               plgpu.barrier_arrive(consumed.at[slots[0]])
-              promoted = total + part0 * scale0
+              promoted = total + part0
               return promoted, acc1[...]                             # step 2j + 1 done
 
             return pl.run_scoped(second, plgpu.ACC((rows, tn), f32))
 
           promoted, part1 = pl.run_scoped(first, plgpu.ACC((rows, tn), f32))
-          scale1 = smem_scale(a_scale_smem, b_scale_smem, slots[1])
+          if per_block:
+            part1 = part1 * smem_scale(a_scale_smem, b_scale_smem, slots[1])
           plgpu.barrier_arrive(consumed.at[slots[1]])
-          return promoted + part1 * scale1
+          return promoted + part1
 
         zeros = jnp.zeros((rows, tn), f32)
         if not interpret:
@@ -373,7 +379,9 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
   if tma_scales and (not per_block or BLOCK % tn):
     raise ValueError(f"tma_scales takes block scales and a tile_n dividing {BLOCK}; got "
                      f"scale_kind={scale_kind!r}, tile_n={tn}")
-  overlap = tma_scales and (OVERLAP_PROMOTION if overlap is None else overlap)
+  if overlap is None:
+    overlap = OVERLAP_PROMOTION if tma_scales else (PAIR_UNSCALED_STEPS and not per_block)
+  overlap = overlap and (tma_scales or not per_block)
 
   def call(a, b, dims):
     k_iters = common.cdiv(dims.k, BLOCK)

@@ -157,14 +157,19 @@ for (m, k, n) in PROBLEMS:
       tma = [(v, c) for v, c in configs if v == "warp_specialized_tma_scales"]
       # The TMA-scales variant also in the kernel's own layout, and without its pairs.
       runs += [(v, c, True, None) for v, c in tma] + [(v, c, True, False) for v, c in tma]
+      if backend_name == "pallas" and kind == "tensor":
+        # Per-tensor K steps in pairs (scaled.PAIR_UNSCALED_STEPS), in both layouts.
+        runs += [(*configs[0], False, True), (*configs[0], True, True)]
       for variant, config, trans_b, overlap in runs:
         if time.time() - T0 > DEADLINE_S:
           break
         if backend_name == "pallas":
           from jaxgemm.kernels.pallas.scaled_matmul import scaled as pallas_scaled
           pallas_scaled.OVERLAP_PROMOTION = overlap is not False   # read at trace time
+          pallas_scaled.PAIR_UNSCALED_STEPS = overlap is True and kind == "tensor"
         label = (f"{backend_name}:{variant}{' trans_b' if trans_b else ''}"
-                 f"{' no-overlap' if overlap is False else ''} {config}")
+                 f"{' no-overlap' if overlap is False else ''}"
+                 f"{' pairs' if overlap is True else ''} {config}")
         try:
           def f(a, b, sa, sb, v=variant, c=config, bn=backend_name, t=trans_b):
             if t:
