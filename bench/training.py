@@ -119,6 +119,12 @@ class ModelConfig:
   # The dense (GELU) model whose layers' GEMMs run in FP8 on the compared rows
   # (`jaxgemm.matmul(x, w, fp8=recipe)`), against its bf16 step on XLA.
   fp8: bool = False
+  # Causal attention: "xla" materializes the (heads, seq, seq) scores and softmax in
+  # fp32 (every model's, and what the earlier steps measured); "flash" is
+  # jax.nn.dot_product_attention, cuDNN's fused flash attention on a GPU (XLA's
+  # composition elsewhere): what a training step on Hopper runs. The FP8 step's 2-D
+  # kernel profile: research/probes/fp8-step-2026-11-26.
+  attention: str = "xla"
 
   @property
   def tokens(self) -> int:
@@ -148,7 +154,8 @@ class ModelConfig:
       return (f"swiglu.L{self.n_layers}.d{self.d_model}.ff{self.d_ff}.v{self.vocab}"
               f".b{self.batch}.s{self.seq}")
     return (f"{'fp8.' if self.fp8 else ''}transformer.L{self.n_layers}.d{self.d_model}"
-            f".ff{self.d_ff}.v{self.vocab}.b{self.batch}.s{self.seq}")
+            f".ff{self.d_ff}.v{self.vocab}.b{self.batch}.s{self.seq}"
+            f"{'.flash' if self.attention == 'flash' else ''}")
 
   @property
   def dense_flops(self) -> int:
@@ -170,8 +177,10 @@ class ModelConfig:
            "fp8=recipe): forward, dgrad and wgrad as scaled_matmul GEMMs), the logits on "
            "XLA's bf16 dot; XLA's row: the same model in bf16" if self.fp8
            else f"MLP {self.d_ff}")
-    return (f"{self.n_layers}-layer decoder, d_model {self.d_model}, {self.n_heads} heads, "
-            f"{mlp}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
+    attention = (", flash attention (jax.nn.dot_product_attention; cuDNN on a GPU)"
+                 if self.attention == "flash" else "")
+    return (f"{self.n_layers}-layer decoder, d_model {self.d_model}, {self.n_heads} heads"
+            f"{attention}, {mlp}, vocab {self.vocab}, batch {self.batch} x seq {self.seq}, "
             f"Adam lr {self.lr} (warmup {self.warmup_steps} steps, gradients clipped to "
             f"norm {self.clip_norm}), {self.steps} steps")
 
@@ -201,19 +210,26 @@ CPU_SWIGLU_MODEL = ModelConfig(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, n
 
 # The FP8 step (issue 28: >= 1.25x XLA's bf16 step, the loss within 2% of bf16's after 100
 # steps). Large enough that the GEMMs dominate the step: Llama-3-8B's widths (d_model 4096,
-# MLP 14336), 4 x 1024 tokens: the MLP's up projection is 4096x4096x14336 (and its dgrad
-# and wgrad), the others 4096x4096x12288 (QKV), 4096x4096x4096 (O) and 4096x14336x4096
-# (down): 9.1 TFLOP of FP8 GEMMs a step in 2 layers, the logits 0.8 of bf16. At 8 x 1024
-# tokens XLA's bf16 step ran out of the H100's memory (a 4.27 GiB allocation failed,
-# bench/results/h100-fp8-2026-11-25/bench.log) though XLA:CPU's memory analysis of
-# the same step reads 8.9 GB of temporaries (4 x 1024: 3.7 GB); not investigated on the
-# GPU. lr 1e-3: 3e-3, the small models', is high for a model of 0.44 B parameters.
-GPU_FP8_MODEL = ModelConfig(batch=4, seq=1024, d_model=4096, n_heads=32, d_ff=14336,
-                            n_layers=2, vocab=8192, steps=100, lr=1e-3, fp8=True)
+# MLP 14336), 8 x 1024 tokens and flash attention: the MLP's up projection is
+# 8192x4096x14336 (and its dgrad and wgrad), the others 8192x4096x12288 (QKV),
+# 8192x4096x4096 (O) and 8192x14336x4096 (down): 18.1 TFLOP of FP8 GEMMs a step in 2
+# layers, the logits 1.6 of bf16. Why this size (research/probes/fp8-step-2026-11-26,
+# the steps' CUPTI kernel profiles on the H200): at 4 x 1024 tokens with the
+# materialized fp32 attention, XLA's bf16 step took 22.1 ms, 11.1 of them in the GEMMs
+# FP8 replaces; those took 6.7 ms in FP8, so with free quantization that step would be
+# 17.7 ms, 1.25x at best (1.085x measured: about 2.6 ms more in fusions, reductions and
+# transposes). Adam's update of 0.44 B fp32 parameters (~2.7 ms, at the memory bandwidth)
+# and the attention are costs FP8 does not touch. (8 x 1024 tokens ran out of
+# memory on the H100 on 2026-11-25; the cause was the profiler keeping every timed call's
+# outputs, fixed in 9ad6404.) lr 1e-3: 3e-3, the small models', is high for a model of
+# 0.44 B parameters.
+GPU_FP8_MODEL = ModelConfig(batch=8, seq=1024, d_model=4096, n_heads=32, d_ff=14336,
+                            n_layers=2, vocab=8192, steps=100, lr=1e-3, fp8=True,
+                            attention="flash")
 GPU_FP8_MODEL_QUICK = dataclasses.replace(GPU_FP8_MODEL, steps=15)
 # Widths of whole and partial 128-wide blocks (96: a partial block along K and N).
 CPU_FP8_MODEL = ModelConfig(batch=2, seq=16, d_model=64, n_heads=4, d_ff=160, n_layers=1,
-                            vocab=128, steps=4, fp8=True)
+                            vocab=128, steps=4, fp8=True, attention="flash")
 # The recipes each backend trains with (variant label "fp8=<recipe>").
 FP8_RECIPES = ("tensor", "block")
 FP8_VARIANT_PREFIX = "fp8="
@@ -369,9 +385,13 @@ def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dty
   mask = jnp.tril(jnp.ones((s, s), bool))
 
   def attention(qkv):
-    """Causal multi-head attention on XLA in every model: (b, s, 3d) -> (b, s, d)."""
+    """Causal multi-head attention, on XLA's ops in every model: (b, s, 3d) -> (b, s, d)."""
     q, k, v = jnp.split(qkv.reshape(b, s, 3, heads, dh), 3, axis=2)
     q, k, v = (t[:, :, 0] for t in (q, k, v))                   # (b, s, heads, dh)
+    if cfg.attention == "flash":
+      impl = "cudnn" if jax.default_backend() == "gpu" else "xla"
+      out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+      return out.reshape(b, s, cfg.d_model)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k,
                         preferred_element_type=jnp.float32) / math.sqrt(dh)
     scores = jnp.where(mask, scores, -1e30)

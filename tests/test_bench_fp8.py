@@ -221,7 +221,8 @@ def test_each_registered_backend_runs_a_tiny_problem(backend):
 def test_fp8_model_is_the_dense_model_in_fp8():
   cfg = T.GPU_FP8_MODEL
   assert cfg.fp8 and cfg.op == "scaled_matmul" and not cfg.moe and not cfg.swiglu
-  assert (cfg.d_model, cfg.d_ff, cfg.tokens, cfg.steps) == (4096, 14336, 4096, 100)
+  assert (cfg.d_model, cfg.d_ff, cfg.tokens, cfg.steps) == (4096, 14336, 8192, 100)
+  assert cfg.attention == "flash" and "flash attention" in cfg.describe()
   assert T.fp8_model(False) is T.CPU_FP8_MODEL and T.fp8_model(True) is cfg
   assert cfg.name.startswith("fp8.transformer.") and "FP8" in cfg.describe()
   assert T.CPU_FP8_MODEL.name.startswith("fp8.") and T.CPU_FP8_MODEL.fp8
@@ -442,3 +443,19 @@ def test_a_step_run_alone_merges_with_the_gemm_run(tmp_path):
   table = "\n".join(tables.fp8_targets_table(run))
   assert f"FP8 training step ({T.GPU_FP8_MODEL.name}), fp8=tensor" in table
   assert "skipped" not in "\n".join(tables.training_table(run))
+
+
+def test_flash_attention_is_the_same_model():
+  """attention="flash" (jax.nn.dot_product_attention) computes the loss the materialized
+  attention does: same parameters, same batch, fp32, to fp32 rounding (without the
+  causal mask the loss moves by 2%, 2000x the bound)."""
+  base = dataclasses.replace(T.CPU_FP8_MODEL, fp8=False, attention="xla")
+  params = T.init_params(base, 0)
+  tokens, targets = next(T.batches(base, 0))
+  mm = T.make_mm(T.REF, "", "fp32")
+  losses = {}
+  for attention in ("xla", "flash"):
+    cfg = dataclasses.replace(base, attention=attention)
+    losses[attention] = float(T.forward_loss(params, tokens, targets, cfg=cfg, mm=mm,
+                                             dtype=jnp.float32))
+  assert abs(losses["flash"] - losses["xla"]) <= 1e-5 * abs(losses["xla"]), losses

@@ -34,7 +34,7 @@ of GMEM, and K steps in pairs whose second wgmma is issued before the first
 is promoted (`scaled.OVERLAP_PROMOTION`). It answers the measured gap of
 block scales (659 vs 1210 TFLOP/s per tensor at 8192^3 on the H100,
 docs/performance-notes.md): the probe research/probes/fp8-2026-11-25/probe.py
-runs it. Its ring slots carry 528 bytes more (in two buffers aligned to 1 KiB):
+runs it. Its ring slots carry 640 bytes more (in two buffers aligned to 1 KiB):
 5 stages at 128x128 with a bf16 epilogue instead of 6.
 
 `backend="auto"` takes this kernel with no tuning record where it was measured
@@ -64,7 +64,7 @@ VARIANTS = ("warp_specialized", "warp_specialized_tma_scales")
 DEFAULT_VARIANT = "warp_specialized"   # the measured one (issue 28)
 # The scales through the TMA ring: block scales only, unmeasured (module docstring).
 TMA_SCALES = "warp_specialized_tma_scales"
-_B_SCALE_BOX = 4       # scaled.B_SCALE_BOX: the b_scale floats a ring slot holds
+_B_SCALE_BOX = 32      # scaled.B_SCALE_BOX: the b_scale floats a ring slot holds
 _SMEM_ALIGNMENT = 1024  # Mosaic GPU's alignment of each shared memory buffer
 # Both fp32 arrays of a consumer warpgroup (the step's wgmma accumulator and the
 # promoted sum), (tile_m / 2) x tile_n each: at most 128 registers per thread.

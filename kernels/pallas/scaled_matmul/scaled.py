@@ -57,9 +57,9 @@ in the same body behind a compile-time switch.
 * The producer copies each K step's scales by TMA into the ring slot of its A
   and B blocks, on the same `loaded` barrier (4 arrivals): a_scale's (tm,)
   column of the K block (contiguous in the (batch, Ks, M) layout) and the
-  first B_SCALE_BOX floats of b_scale's column vector, whose first value is
+  first B_SCALE_BOX (32) floats of b_scale's column vector, whose first value is
   the whole tile's (check: tile_n divides 128, so a tile lies in one column
-  block). 528 bytes a slot at tm = 128: the default ring at 128x128 with a
+  block). 640 bytes a slot at tm = 128: the default ring at 128x128 with a
   bf16 epilogue has 5 stages instead of 6.
 * A consumer reads its rows' a_scale (the accumulator's row layout, 2
   registers a thread) and the b value (one scalar) from the slot after the
@@ -99,9 +99,12 @@ EPI_TILE_M = ws.EPI_TILE_M
 # Both fp32 arrays of a consumer warpgroup: at most 128 registers per thread.
 MAX_ACC_ELEMENTS = 2 * 64 * 128
 # With `tma_scales`, the floats of b_scale's column vector the producer copies
-# per K step: TMA's smallest box (16 bytes); the tile lies in one 128-column
-# scale block (128 % tile_n == 0), so its first value is the whole tile's.
-B_SCALE_BOX = 4
+# per K step: 128 bytes, because a TMA copy's SMEM destination must be 128-byte
+# aligned and the slots of a (stages, box) buffer lie box * 4 bytes apart (a
+# 16-byte box, TMA's smallest, faulted with CUDA_ERROR_MISALIGNED_ADDRESS on the
+# H200: research/probes/fp8-step-2026-11-26/run1). The tile lies in one
+# 128-column scale block (128 % tile_n == 0), so the first value is the tile's.
+B_SCALE_BOX = 32
 # With `tma_scales`, whether K steps go in pairs with the second's wgmma issued
 # before the first's promotion (the `overlap` argument's default; the probe
 # measures both). Not measured.
@@ -110,6 +113,11 @@ OVERLAP_PROMOTION = True
 # pair their K steps the same way (no scale reads in the loop). Not measured: the
 # probe times both.
 PAIR_UNSCALED_STEPS = False
+# With per-tensor and per-row/column scales, how many 128-deep K steps one wgmma
+# accumulator sums before its promotion (their wgmmas issued back to back, one wait):
+# the promotion interval is then 128 * this. Block scales promote every step. Not
+# measured: the probe times 1, 2 and 4.
+UNSCALED_STEPS_PER_PROMOTION = 1
 
 
 def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: common.Dims,
@@ -125,6 +133,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
   """
   assert not tma_scales or per_block, "tma_scales takes block scales"
   assert not overlap or tma_scales or not per_block, "block scales overlap with tma_scales"
+  group = 1 if per_block or overlap else max(1, min(UNSCALED_STEPS_PER_PROMOTION, stages - 1))
   tk = BLOCK
   f32 = jnp.float32
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
@@ -309,6 +318,23 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           plgpu.barrier_arrive(consumed.at[slots[1]])
           return promoted + part1
 
+        def k_group(g, total):
+          """Steps g * group ... g * group + group - 1 into one accumulator (unscaled
+          steps: no scale between them), one wait, one promotion."""
+          slots = [lax.rem(i * k_iters + g * group + d, stages) for d in range(group)]
+
+          def group_product(acc_ref):
+            for slot in slots:
+              plgpu.barrier_wait(loaded.at[slot])
+              plgpu.wgmma(acc_ref, a_smem.at[slot, wg_rows, :],
+                          common.transposed(b_smem.at[slot]))
+            return acc_ref[...]
+
+          part = pl.run_scoped(group_product, plgpu.ACC((rows, tn), f32))
+          for slot in slots:
+            plgpu.barrier_arrive(consumed.at[slot])
+          return total + part
+
         zeros = jnp.zeros((rows, tn), f32)
         if not interpret:
           zeros = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
@@ -316,6 +342,10 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           total = lax.fori_loop(0, k_iters // 2, k_pair, zeros)
           if k_iters % 2:
             total = k_step(k_iters - 1, total)
+        elif group > 1:   # whole groups, then the steps left one at a time
+          total = lax.fori_loop(0, k_iters // group, k_group, zeros)
+          for ki in range(k_iters - k_iters % group, k_iters):
+            total = k_step(ki, total)
         else:
           total = lax.fori_loop(0, k_iters, k_step, zeros)
         if not per_block:

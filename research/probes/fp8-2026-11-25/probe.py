@@ -51,6 +51,12 @@ PROBLEMS = ([(64, 256, 192), (16, 256, 128)] if CPU else
 if QUICK and not CPU:
   PROBLEMS = PROBLEMS[2:]
 ONLY = [b for b in os.environ.get("PROBE_BACKENDS", "").split(",") if b]
+# PROBE_PROBLEMS="8192x8192x8192,...": those of PROBLEMS only (MxKxN); PROBE_DEFAULT_ONLY=1:
+# of each backend's tuning candidates only other variants' (the default config's known).
+_ONLY_PROBLEMS = [p for p in os.environ.get("PROBE_PROBLEMS", "").split(",") if p]
+if _ONLY_PROBLEMS:
+  PROBLEMS = [p for p in PROBLEMS if "x".join(map(str, p)) in _ONLY_PROBLEMS]
+DEFAULT_ONLY = bool(os.environ.get("PROBE_DEFAULT_ONLY"))
 BLOCKS = {"tensor": (None, None), "block": ((1, 128), (128, 128))}
 timer = timing.Timer("cpu" if CPU else "gpu")
 print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, timer {timer.label}, "
@@ -150,7 +156,8 @@ for (m, k, n) in PROBLEMS:
       configs = [(variant, backend.default_config(problem, variant))]
       if not QUICK:
         configs += [c for c in backend.tuning_candidates(problem)
-                    if c not in configs and _fits(backend, problem, c)]
+                    if c not in configs and _fits(backend, problem, c)
+                    and (not DEFAULT_ONLY or c[0] != variant)]
         configs += [c for c in sweep(backend_name, problem, configs[0]) if c not in configs]
       # B stored (N, K) too: the layout FP8 wgmma reads as it is (no relayout pass).
       runs = [(v, c, False, None) for v, c in configs] + [(*configs[0], True, None)]
@@ -158,8 +165,10 @@ for (m, k, n) in PROBLEMS:
       # The TMA-scales variant also in the kernel's own layout, and without its pairs.
       runs += [(v, c, True, None) for v, c in tma] + [(v, c, True, False) for v, c in tma]
       if backend_name == "pallas" and kind == "tensor":
-        # Per-tensor K steps in pairs (scaled.PAIR_UNSCALED_STEPS), in both layouts.
-        runs += [(*configs[0], False, True), (*configs[0], True, True)]
+        # Per-tensor K steps in pairs (scaled.PAIR_UNSCALED_STEPS; 2026-11-26 run1: slower),
+        # and 2 or 4 steps per promotion (scaled.UNSCALED_STEPS_PER_PROMOTION), in both
+        # layouts.
+        runs += [(*configs[0], t, g) for g in ("group2", "group4") for t in (False, True)]
       for variant, config, trans_b, overlap in runs:
         if time.time() - T0 > DEADLINE_S:
           break
@@ -167,9 +176,12 @@ for (m, k, n) in PROBLEMS:
           from jaxgemm.kernels.pallas.scaled_matmul import scaled as pallas_scaled
           pallas_scaled.OVERLAP_PROMOTION = overlap is not False   # read at trace time
           pallas_scaled.PAIR_UNSCALED_STEPS = overlap is True and kind == "tensor"
+          pallas_scaled.UNSCALED_STEPS_PER_PROMOTION = (
+              int(overlap.removeprefix("group")) if isinstance(overlap, str) else 1)
         label = (f"{backend_name}:{variant}{' trans_b' if trans_b else ''}"
                  f"{' no-overlap' if overlap is False else ''}"
-                 f"{' pairs' if overlap is True else ''} {config}")
+                 f"{' pairs' if overlap is True else ''}"
+                 f"{' ' + overlap if isinstance(overlap, str) else ''} {config}")
         try:
           def f(a, b, sa, sb, v=variant, c=config, bn=backend_name, t=trans_b):
             if t:

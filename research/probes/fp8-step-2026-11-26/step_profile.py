@@ -74,7 +74,7 @@ def profile(label, compiled, args, reps=3):
   for c, (t, n) in sorted(classes.items(), key=lambda kv: -kv[1][0]):
     print(f"   {c:34s} {t:8.3f} ms {100 * t / total:5.1f}%  ({n} kernels)")
   print("   top kernels:")
-  for name, (t, n) in sorted(names.items(), key=lambda kv: -kv[1][0])[:28]:
+  for name, (t, n) in sorted(names.items(), key=lambda kv: -kv[1][0])[:40]:
     print(f"     {t:8.3f} ms x{n:<3d} {name}")
   return total
 
