@@ -6,15 +6,20 @@ scales expanded here by their block sizes (independently of the library).
 Tolerances (element-wise against |A| @ |B| of the dequantized operands, and
 norm-wise, `gemm_testing.assert_gemm_close`): the output's one rounding
 (OUT_STEP: half a step of out_dtype, relative to |ref| <= |A| @ |B|) plus
-ACC_TOL = 2**-13 for the accumulation. fp32 accumulation's own error is about
+ACC_TOL = 2**-11 for the accumulation. fp32 accumulation's own error is about
 sqrt(K) * 2**-24 <= 2**-17 of |A| @ |B| at K = 16384 (random signs; the xla
-backend measures far below ACC_TOL, see test_accumulation_stays_at_fp32_level).
-The allowance is for kernels on Hopper, whose FP8 tensor cores keep about 14
-bits while accumulating (DeepSeek-V3 report): promoted to fp32 every 128 of K,
-each interval's error stays near 2**-14 of its |A| @ |B| and does not grow with
-K; unpromoted, the error grows with K (about 2% of the result at K = 4096, i.e.
-about 2**-11 of |A| @ |B| for random data, where |A| @ |B| is ~0.64 sqrt(K)
-times |ref|), which ACC_TOL rejects at the K the accumulation test runs.
+backend measures far below, see test_accumulation_stays_at_fp32_level). The
+allowance is for kernels on Hopper, whose FP8 tensor cores keep about 14 bits
+while accumulating (DeepSeek-V3 report): promoted to fp32 every 128 of K, each
+interval's sum carries that precision's error, which does not grow with K. On
+the H200 the promoted kernels read 1.2e-4 to 3.1e-4 of ||ref|| norm-wise with
+fp32 outputs, 1.23e-4 at K = 1024 and 1.28e-4 at K = 16384 (the GPU tier's
+log, research/probes/fp8-step-2026-11-26/run2/fp8-gpu-tier.log): 2**-13, the
+bound before that run, was below the hardware's own level, 2**-11 (4.9e-4) is
+1.6x above the worst. Unpromoted, the error grows with K (about 2% of the
+result at K = 4096 in the report); test_accumulation_stays_at_fp32_level checks
+that it does not grow from K = 1024 to 16384, and the pallas file's promotion
+test compares against an emulated unpromoted accumulator.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ pytestmark = pytest.mark.op("scaled_matmul")
 
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
 BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
-ACC_TOL = 2.0**-13
+ACC_TOL = 2.0**-11
 OUT_STEP = {BF16: 2.0**-8, F16: 2.0**-11, F32: 2.0**-24}
 # quantize's block for each scale kind, for a (stored (M, K)) and b (stored (K, N)).
 A_BLOCK = {"tensor": None, "row_col": (1, None), "block": (1, 128)}
@@ -182,7 +187,7 @@ def test_accumulation_stays_at_fp32_level(kernel, kind, rng):
   """K up to 16384 (partial last block): the error against float64 of the dequantized
   inputs stays within ACC_TOL of |A| @ |B| (module docstring), with no growth in K
   beyond fp32's."""
-  errors = []
+  errors, norm_errors = [], []
   for k in (1024, 4096, 16384 - 64):
     a, sa, a64 = operands(rng, (16, k), E4M3, A_BLOCK[kind], spread=False)
     b, sb, b64 = operands(rng, (k, 24), E4M3, B_BLOCK[kind], spread=False)
@@ -191,6 +196,11 @@ def test_accumulation_stays_at_fp32_level(kernel, kind, rng):
     ref, bound = reference(a64, b64)
     assert_gemm_close(out, ref, bound, ACC_TOL, f"K={k}")
     errors.append(float(np.max(np.abs(as_f64(out) - ref) / bound)))
+    norm_errors.append(float(np.linalg.norm(as_f64(out) - ref) / np.linalg.norm(ref)))
+  # Promoted, the error relative to ||ref|| stays flat in K; one reduced-precision
+  # accumulator over all of K grows ~sqrt(16) = 4x from K = 1024 to 16320. (Plus
+  # 2**-17, fp32 accumulation's own level, far below the H200's 1.2e-4.)
+  assert norm_errors[-1] <= 2 * norm_errors[0] + 2.0**-17, norm_errors
   if kernel.is_xla:   # XLA accumulates in fp32: far below the allowance
     assert max(errors) < 2.0**-17, errors
 

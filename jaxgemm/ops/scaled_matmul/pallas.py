@@ -26,16 +26,16 @@ e4m3's range and subnormals lie inside float16's), and the same kernel runs
 16-bit wgmma: the same result, at half the FP8 rate and with 2-byte operands
 in SMEM (fewer stages). Not measured.
 
-Variant `warp_specialized_tma_scales` (block scales only; not measured on a
-GPU, so never the default): the same kernel with the producer TMA-loading
-each K step's a_scale column (tile_m floats) and b_scale value into the ring
-slot beside the operand blocks, the consumers reading them from SMEM instead
-of GMEM, and K steps in pairs whose second wgmma is issued before the first
-is promoted (`scaled.OVERLAP_PROMOTION`). It answers the measured gap of
-block scales (659 vs 1210 TFLOP/s per tensor at 8192^3 on the H100,
-docs/performance-notes.md): the probe research/probes/fp8-2026-11-25/probe.py
-runs it. Its ring slots carry 640 bytes more (in two buffers aligned to 1 KiB):
-5 stages at 128x128 with a bf16 epilogue instead of 6.
+Variants. `warp_specialized` reads block scales from GMEM in the K loop;
+`warp_specialized_tma_scales` (block scales only, their default) has the
+producer TMA-load each K step's a_scale column (tile_m floats) and b_scale
+value into the ring slot beside the operand blocks, the consumers reading
+them from SMEM, and K steps in pairs whose second wgmma is issued before the
+first is promoted (`scaled.OVERLAP_PROMOTION`). On the H200 it ran 1047 and
+1040 TFLOP/s at 8192^3 and 8192x4096x14336 where `warp_specialized` ran 667
+and 735 (research/probes/fp8-step-2026-11-26/run2, probe.py). Its ring slots
+carry 640 bytes more (in two buffers aligned to 1 KiB): 5 stages at 128x128
+with a bf16 epilogue instead of 6.
 
 `backend="auto"` takes this kernel with no tuning record where it was measured
 to win (`structural_win`); elsewhere XLA's program.
@@ -61,8 +61,8 @@ from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SC
                                                ScaledMatmulProblem, kernel_win)
 
 VARIANTS = ("warp_specialized", "warp_specialized_tma_scales")
-DEFAULT_VARIANT = "warp_specialized"   # the measured one (issue 28)
-# The scales through the TMA ring: block scales only, unmeasured (module docstring).
+DEFAULT_VARIANT = "warp_specialized"   # per-tensor and per-row/column scales
+# The scales through the TMA ring: block scales only, and their default (module docstring).
 TMA_SCALES = "warp_specialized_tma_scales"
 _B_SCALE_BOX = 32      # scaled.B_SCALE_BOX: the b_scale floats a ring slot holds
 _SMEM_ALIGNMENT = 1024  # Mosaic GPU's alignment of each shared memory buffer
@@ -153,8 +153,9 @@ class PallasScaledMatmul(registry.Backend):
   variants = VARIANTS
 
   def default_variant(self, problem: ScaledMatmulProblem) -> str:
-    """`warp_specialized`, the measured kernel (TMA_SCALES is not measured)."""
-    return DEFAULT_VARIANT
+    """TMA_SCALES for block scales (1.4-1.6x `warp_specialized` on the H200, module
+    docstring), `warp_specialized` otherwise."""
+    return TMA_SCALES if problem.scale_kind == "block" else DEFAULT_VARIANT
 
   def structural_win(self, problem: ScaledMatmulProblem, device_kind: str) -> str | None:
     """Where `scaled_matmul.problem.kernel_win` (the measurement) names this backend."""
@@ -247,14 +248,16 @@ class PallasScaledMatmul(registry.Backend):
                                             epi_tile_n=min(64, tile_n)), variant)
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, PallasConfig]]:
-    """The default, 256x64 tiles, and the tile walk along M; with block scales, also
-    TMA_SCALES' default (unmeasured: the probe times it against the default)."""
-    default = self.default_config(problem, DEFAULT_VARIANT)
-    wide = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64, epi_tile_n=64))
-    candidates = [(DEFAULT_VARIANT, default), (DEFAULT_VARIANT, wide),
-                  (DEFAULT_VARIANT, dataclasses.replace(default, grid_minor_m=True))]
-    if problem.scale_kind == "block":
-      candidates.append((TMA_SCALES, self.default_config(problem, TMA_SCALES)))
+    """The default variant's default config, 256x64 tiles, and the tile walk along M;
+    with block scales, also `warp_specialized`'s default."""
+    variant = self.default_variant(problem)
+    default = self.default_config(problem, variant)
+    wide = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64,
+                                                   epi_tile_n=64), variant)
+    candidates = [(variant, default), (variant, wide),
+                  (variant, dataclasses.replace(default, grid_minor_m=True))]
+    if variant != DEFAULT_VARIANT:
+      candidates.append((DEFAULT_VARIANT, self.default_config(problem, DEFAULT_VARIANT)))
     return candidates
 
   def impl(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig,

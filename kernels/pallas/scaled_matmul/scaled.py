@@ -46,14 +46,19 @@ What differs, and why this is its own kernel rather than a switch on
   apply. So the producer, tile order and epilogue follow rung 3 here, reusing
   its helpers (`common`, `warp_specialized.store_exact`).
 
-Measured on the H100 (docs/performance-notes.md, "FP8 GEMMs"): 1210 TFLOP/s per
-tensor at 8192^3 (61% of the FP8 peak), 659 with block scales, whose per-step
-scale loads and promotion the wgmma wait serializes. Possible next steps: 2-CTA
-clusters multicasting the shared operand, as rung 4.
+Measured on the H200 (docs/performance-notes.md, "FP8 GEMMs";
+research/probes/fp8-step-2026-11-26/run2): 1251 TFLOP/s per tensor at 8192^3
+(63% of the FP8 peak; 1322 with B stored (N, K)); with block scales read from
+GMEM in the K loop 667, and with `tma_scales` 1047 (1105 with B stored (N, K)),
+the pallas backend's default for block scales. Tried and slower per tensor
+(same run): two K steps per promotion (1222, and 1155 at four, whose error
+grew), and pairs of K steps in two accumulators with the second's wgmma issued
+before the first's promotion (1197). Possible next steps: 2-CTA clusters
+multicasting the shared operand, as rung 4.
 
-`tma_scales` (variant `warp_specialized_tma_scales`, block scales only; NOT
-MEASURED on a GPU, so not the default): the answer to that gap DeepGEMM gives,
-in the same body behind a compile-time switch.
+`tma_scales` (variant `warp_specialized_tma_scales`, block scales only): the
+answer DeepGEMM gives to the scale loads' cost, in the same body behind a
+compile-time switch.
 * The producer copies each K step's scales by TMA into the ring slot of its A
   and B blocks, on the same `loaded` barrier (4 arrivals): a_scale's (tm,)
   column of the K block (contiguous in the (batch, Ks, M) layout) and the
@@ -75,8 +80,8 @@ in the same body behind a compile-time switch.
   128x128 (a consumer's (64, 128) fp32 array is 64 a thread): the two step
   accumulators and the promoted sum are 192 of the 232 a consumer gets
   (`ws.CONSUMER_REGISTERS`), leaving ~40 for the scales (3), indices,
-  addresses and barrier phases; on paper it fits, whether ptxas spills is
-  for the GPU run to show (the probe times it with and without the pairs).
+  addresses and barrier phases. Measured with and without the pairs: 1105
+  and 1089 TFLOP/s at 8192^3, 1094 both at 8192x4096x14336 (B stored (N, K)).
 """
 
 from __future__ import annotations
@@ -106,18 +111,9 @@ MAX_ACC_ELEMENTS = 2 * 64 * 128
 # 128-column scale block (128 % tile_n == 0), so the first value is the tile's.
 B_SCALE_BOX = 32
 # With `tma_scales`, whether K steps go in pairs with the second's wgmma issued
-# before the first's promotion (the `overlap` argument's default; the probe
-# measures both). Not measured.
+# before the first's promotion (the `overlap` argument's default): 1.5% faster at
+# 8192^3, equal at 8192x4096x14336 (the module docstring).
 OVERLAP_PROMOTION = True
-# Whether per-tensor and per-row/column scales (applied once, after the K loop)
-# pair their K steps the same way (no scale reads in the loop). Not measured: the
-# probe times both.
-PAIR_UNSCALED_STEPS = False
-# With per-tensor and per-row/column scales, how many 128-deep K steps one wgmma
-# accumulator sums before its promotion (their wgmmas issued back to back, one wait):
-# the promotion interval is then 128 * this. Block scales promote every step. Not
-# measured: the probe times 1, 2 and 4.
-UNSCALED_STEPS_PER_PROMOTION = 1
 
 
 def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: common.Dims,
@@ -126,14 +122,13 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
                   interpret: bool, tma_scales: bool = False, overlap: bool = False):
   """The persistent body: A (batch, M, K), B (batch, N, K), scales (batch, Ks, M | N).
 
-  `tma_scales` (block scales only; variant `warp_specialized_tma_scales`, not
-  measured): the producer copies each K step's scales into the ring beside A's
-  and B's blocks, and the consumers read them from SMEM; `overlap` also pairs
-  the K steps, the second's wgmma issued before the first's promotion.
+  `tma_scales` (block scales only; variant `warp_specialized_tma_scales`): the
+  producer copies each K step's scales into the ring beside A's and B's blocks,
+  and the consumers read them from SMEM; `overlap` also pairs the K steps, the
+  second's wgmma issued before the first's promotion.
   """
   assert not tma_scales or per_block, "tma_scales takes block scales"
-  assert not overlap or tma_scales or not per_block, "block scales overlap with tma_scales"
-  group = 1 if per_block or overlap else max(1, min(UNSCALED_STEPS_PER_PROMOTION, stages - 1))
+  assert not overlap or tma_scales, "overlap comes with tma_scales"
   tk = BLOCK
   f32 = jnp.float32
   dtype, out_dtype = a_gmem.dtype, c_gmem.dtype
@@ -304,36 +299,17 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
               plgpu.wgmma(acc1, a_smem.at[slots[1], wg_rows, :],
                           common.transposed(b_smem.at[slots[1]]))
               part0 = plgpu.wgmma_accumulator_load(acc0, wait_n=1)   # step 2j done
-              if per_block:
-                part0 = part0 * smem_scale(a_scale_smem, b_scale_smem, slots[0])
+              scale0 = smem_scale(a_scale_smem, b_scale_smem, slots[0])
               plgpu.barrier_arrive(consumed.at[slots[0]])
-              promoted = total + part0
+              promoted = total + part0 * scale0
               return promoted, acc1[...]                             # step 2j + 1 done
 
             return pl.run_scoped(second, plgpu.ACC((rows, tn), f32))
 
           promoted, part1 = pl.run_scoped(first, plgpu.ACC((rows, tn), f32))
-          if per_block:
-            part1 = part1 * smem_scale(a_scale_smem, b_scale_smem, slots[1])
+          scale1 = smem_scale(a_scale_smem, b_scale_smem, slots[1])
           plgpu.barrier_arrive(consumed.at[slots[1]])
-          return promoted + part1
-
-        def k_group(g, total):
-          """Steps g * group ... g * group + group - 1 into one accumulator (unscaled
-          steps: no scale between them), one wait, one promotion."""
-          slots = [lax.rem(i * k_iters + g * group + d, stages) for d in range(group)]
-
-          def group_product(acc_ref):
-            for slot in slots:
-              plgpu.barrier_wait(loaded.at[slot])
-              plgpu.wgmma(acc_ref, a_smem.at[slot, wg_rows, :],
-                          common.transposed(b_smem.at[slot]))
-            return acc_ref[...]
-
-          part = pl.run_scoped(group_product, plgpu.ACC((rows, tn), f32))
-          for slot in slots:
-            plgpu.barrier_arrive(consumed.at[slot])
-          return total + part
+          return promoted + part1 * scale1
 
         zeros = jnp.zeros((rows, tn), f32)
         if not interpret:
@@ -342,10 +318,6 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           total = lax.fori_loop(0, k_iters // 2, k_pair, zeros)
           if k_iters % 2:
             total = k_step(k_iters - 1, total)
-        elif group > 1:   # whole groups, then the steps left one at a time
-          total = lax.fori_loop(0, k_iters // group, k_group, zeros)
-          for ki in range(k_iters - k_iters % group, k_iters):
-            total = k_step(ki, total)
         else:
           total = lax.fori_loop(0, k_iters, k_step, zeros)
         if not per_block:
@@ -390,7 +362,7 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
 
   `tma_scales` (block scales, tile_n dividing 128): the scales go through the
   ring by TMA (`scaled_kernel`); `overlap` (default OVERLAP_PROMOTION) pairs
-  the K steps. Neither is measured on a GPU."""
+  the K steps (docs/performance-notes.md, "FP8 GEMMs")."""
   if problem.trans_a or not problem.trans_b:
     raise ValueError(f"the scaled kernel reads both operands K-major (trans_a=False, "
                      f"trans_b=True); got trans_a={problem.trans_a}, trans_b={problem.trans_b}")
@@ -409,9 +381,7 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
   if tma_scales and (not per_block or BLOCK % tn):
     raise ValueError(f"tma_scales takes block scales and a tile_n dividing {BLOCK}; got "
                      f"scale_kind={scale_kind!r}, tile_n={tn}")
-  if overlap is None:
-    overlap = OVERLAP_PROMOTION if tma_scales else (PAIR_UNSCALED_STEPS and not per_block)
-  overlap = overlap and (tma_scales or not per_block)
+  overlap = tma_scales and (OVERLAP_PROMOTION if overlap is None else overlap)
 
   def call(a, b, dims):
     k_iters = common.cdiv(dims.k, BLOCK)
