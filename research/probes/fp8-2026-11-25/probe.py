@@ -9,10 +9,12 @@ same run). XLA's FP8 dot without scales (`jnp.dot(a8, b8,
 preferred_element_type=bf16)`) and the bf16 dot of the same values are timed
 too, for the issue's columns.
 
-With block scales the pallas backend's candidates include the unmeasured variant
-warp_specialized_tma_scales (scales through the TMA ring, K steps in overlapped
-pairs); it runs also with B stored (N, K) and without the pairs
-(scaled.OVERLAP_PROMOTION = False), labelled "no-overlap".
+With block scales the pallas backend's candidates include the other variant
+(warp_specialized_tma_scales is the default there since 2026-11-26; scales through
+the TMA ring, K steps in overlapped pairs); it runs also with B stored (N, K) and
+without the pairs (scaled.OVERLAP_PROMOTION = False), labelled "no-overlap". (Per-tensor
+K steps in pairs, and 2 or 4 K steps per promotion, were kernel switches at commit
+7617a85, measured slower: research/probes/fp8-step-2026-11-26/run1, run2.)
 
 On the GPU machine: make gpu-env; PYTHONPATH=$PWD/.gpu-site python3 <this file> [--quick]
 (PROBE_BACKENDS=pallas for the Pallas kernels only, PROBE_DEADLINE_S to run longer)
@@ -164,24 +166,14 @@ for (m, k, n) in PROBLEMS:
       tma = [(v, c) for v, c in configs if v == "warp_specialized_tma_scales"]
       # The TMA-scales variant also in the kernel's own layout, and without its pairs.
       runs += [(v, c, True, None) for v, c in tma] + [(v, c, True, False) for v, c in tma]
-      if backend_name == "pallas" and kind == "tensor":
-        # Per-tensor K steps in pairs (scaled.PAIR_UNSCALED_STEPS; 2026-11-26 run1: slower),
-        # and 2 or 4 steps per promotion (scaled.UNSCALED_STEPS_PER_PROMOTION), in both
-        # layouts.
-        runs += [(*configs[0], t, g) for g in ("group2", "group4") for t in (False, True)]
       for variant, config, trans_b, overlap in runs:
         if time.time() - T0 > DEADLINE_S:
           break
         if backend_name == "pallas":
           from jaxgemm.kernels.pallas.scaled_matmul import scaled as pallas_scaled
           pallas_scaled.OVERLAP_PROMOTION = overlap is not False   # read at trace time
-          pallas_scaled.PAIR_UNSCALED_STEPS = overlap is True and kind == "tensor"
-          pallas_scaled.UNSCALED_STEPS_PER_PROMOTION = (
-              int(overlap.removeprefix("group")) if isinstance(overlap, str) else 1)
         label = (f"{backend_name}:{variant}{' trans_b' if trans_b else ''}"
-                 f"{' no-overlap' if overlap is False else ''}"
-                 f"{' pairs' if overlap is True else ''}"
-                 f"{' ' + overlap if isinstance(overlap, str) else ''} {config}")
+                 f"{' no-overlap' if overlap is False else ''} {config}")
         try:
           def f(a, b, sa, sb, v=variant, c=config, bn=backend_name, t=trans_b):
             if t:
