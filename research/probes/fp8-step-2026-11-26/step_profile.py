@@ -8,8 +8,19 @@ one step with `jax.experimental.mosaic.gpu.profiler.measure(aggregate=False)`
 total and its kernels grouped into classes (cuBLAS GEMMs, Triton / Mosaic
 kernels, XLA fusions by kind) and the top kernels by time.
 
+With --variants base,amax2,kmajor,kmajor+amax2 the per-tensor recipe's runs also
+go through changed quantization paths, patched into
+`jaxgemm.ops.scaled_matmul.training` (the probe's question: what of the ~4 ms the
+tensor recipe's quantization adds can go):
+  amax2   per-tensor amax as a row-wise max then a max of the rows, in x's dtype
+          (max is exact in any float type), instead of one f32 reduction;
+  kmajor  every GEMM gets K-major operands: the forward takes W8^T with
+          trans_b=True, the VJP saves X8^T and runs the wgrad on (X8^T, dY8^T),
+          so no transpose is left to the kernel's pre-pass or to XLA's cuBLAS call.
+With --dump DIR each run's kernels (name, ms) and optimized HLO go to DIR.
+
 On the GPU machine: make gpu-env; PYTHONPATH=$PWD/.gpu-site python3 <this file>
-  [--runs auto:tensor,auto:block,...]
+  [--runs auto:tensor,auto:block,...] [--variants base,...] [--dump DIR]
 """
 import collections
 import re
@@ -26,9 +37,15 @@ from bench.runner import REF, REF_VARIANT  # noqa: E402
 
 CPU = "--cpu" in sys.argv
 RUNS = "auto:tensor,auto:block"
+VARIANTS = "base"
+DUMP = None
 for i, a in enumerate(sys.argv):
   if a == "--runs":
     RUNS = sys.argv[i + 1]
+  if a == "--variants":
+    VARIANTS = sys.argv[i + 1]
+  if a == "--dump":
+    DUMP = sys.argv[i + 1]
 cfg = T.fp8_model(not CPU, quick=True)
 print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; model {cfg.describe()}",
       flush=True)
@@ -49,7 +66,7 @@ def classify(name: str) -> str:
   return "other: " + re.sub(r"[_\d]+$", "", name)[:40]
 
 
-def profile(label, compiled, args, reps=3):
+def profile(label, compiled, args, reps=3, dump=None):
   from jax.experimental.mosaic.gpu import profiler  # noqa: PLC0415
   totals, per_kernel = [], None
   for _ in range(reps):
@@ -69,6 +86,14 @@ def profile(label, compiled, args, reps=3):
     k = names[name[:90]]
     k[0] += t
     k[1] += 1
+  if dump:
+    import os  # noqa: PLC0415
+    os.makedirs(dump, exist_ok=True)
+    tag = re.sub(r"[^A-Za-z0-9_.+=-]", "_", label)
+    with open(f"{dump}/{tag}.kernels.txt", "w") as f:
+      f.writelines(f"{t:.4f} {name}\n" for name, t in per_kernel)
+    with open(f"{dump}/{tag}.hlo.txt", "w") as f:
+      f.write(compiled.as_text())
   print(f"\n== {label}: {total:.3f} ms a step (median of {reps}, CUPTI kernel sum), "
         f"{len(per_kernel)} kernels", flush=True)
   for c, (t, n) in sorted(classes.items(), key=lambda kv: -kv[1][0]):
@@ -79,16 +104,67 @@ def profile(label, compiled, args, reps=3):
   return total
 
 
+import jaxgemm.ops.scaled_matmul.training as FT  # noqa: E402
+from jaxgemm.ops.scaled_matmul.quantize import quantize as _quantize  # noqa: E402
+
+_BASE = (FT._forward, FT._backward, FT.quantize)
+
+
+def _quantize_amax2(x, dtype=jnp.float8_e4m3fn, block=None):
+  if block is not None:
+    return _quantize(x, dtype, block)
+  f32 = jnp.float32
+  fmax = float(jnp.finfo(dtype).max)
+  x2 = x.reshape(-1, x.shape[-1]) if x.ndim >= 2 else x.reshape(1, -1)
+  amax = jnp.max(jnp.max(jnp.abs(x2), axis=-1)).astype(f32)
+  s = amax * np.float32(1 / fmax)
+  s = jnp.where((s >= float(jnp.finfo(f32).tiny)) | ~jnp.isfinite(s), s, f32(1))
+  return jnp.clip(x.astype(f32) * (1 / s), -fmax, fmax).astype(dtype), s
+
+
+def _forward_kmajor(recipe, out_dtype, x_dtype, w_dtype, x, w):
+  if recipe.scaling != "tensor":
+    return _BASE[0](recipe, out_dtype, x_dtype, w_dtype, x, w)
+  x8, sx = FT.quantize(x, recipe.dtype, None)
+  w8, sw = FT.quantize(w, recipe.dtype, None)
+  y = FT._gemm(recipe, x8, w8.T, sx, sw, out_dtype, trans_b=True)
+  return y, ((x8.T, sx), w8, sw)
+
+
+def _backward_kmajor(recipe, out_dtype, x_dtype, w_dtype, saved, dy):
+  if recipe.scaling != "tensor":
+    return _BASE[1](recipe, out_dtype, x_dtype, w_dtype, saved, dy)
+  (x8t, sx), w8, sw = saved
+  dy8, sdy = FT.quantize(dy, recipe.grad_dtype, None)
+  dx = FT._gemm(recipe, dy8, w8, sdy, sw, x_dtype, trans_b=True)
+  dw = FT._gemm(recipe, x8t, dy8.T, sx, sdy, w_dtype, trans_b=True)
+  return dx, dw
+
+
+def use_variant(name):
+  fwd, bwd, q = _BASE
+  if "kmajor" in name:
+    fwd, bwd = _forward_kmajor, _backward_kmajor
+  if "amax2" in name:
+    q = _quantize_amax2
+  FT._forward, FT._backward, FT.quantize = fwd, bwd, q
+  FT._fp8_matmul.defvjp(fwd, bwd)
+
+
 params = T.init_params(cfg, 0)
 opt = T.adam_init(params)
 tokens, targets = next(T.batches(cfg, 0))
 args = (params, opt, tokens, targets)
 runs = [(REF, REF_VARIANT, None)]
-runs += [(b, T.FP8_VARIANT_PREFIX + r, None) for b, r in (s.split(":") for s in RUNS.split(","))]
+runs += [(b, T.FP8_VARIANT_PREFIX + r, q) for b, r in (s.split(":") for s in RUNS.split(","))
+         for q in VARIANTS.split(",") if q == "base" or r == "tensor"]
 results = {}
-for backend, variant, _ in runs:
+for backend, variant, quant in runs:
+  use_variant(quant or "base")
   t0 = time.time()
   mm = T.make_mm(backend, variant, "bf16")
+  if quant and quant != "base":
+    variant = f"{variant}[{quant}]"
   step = T.make_step(cfg, mm, jnp.bfloat16)
   try:
     compiled = step.lower(*args).compile()
@@ -97,9 +173,12 @@ for backend, variant, _ in runs:
     continue
   print(f"{backend}/{variant}: compiled in {time.time() - t0:.1f} s", flush=True)
   if CPU:
-    jax.block_until_ready(compiled(*args))
+    new_params, _, loss = jax.block_until_ready(compiled(*args))
+    moved = sum(float(jnp.sum(jnp.abs(a - b))) for a, b in
+                zip(jax.tree.leaves(new_params), jax.tree.leaves(params)))
+    print(f"   loss {float(loss):.6f}, parameters moved by {moved:.6f}", flush=True)
     continue
-  results[(backend, variant)] = profile(f"{backend}/{variant}", compiled, args)
+  results[(backend, variant)] = profile(f"{backend}/{variant}", compiled, args, dump=DUMP)
   del compiled
 ref = results.get((REF, runs[0][1]))
 for k, v in results.items():
