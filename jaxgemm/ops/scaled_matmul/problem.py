@@ -134,7 +134,10 @@ def kernel_win(problem: ScaledMatmulProblem, device_kind: str) -> tuple[str, str
   * from 4096 rows and 4096 columns, Pallas: per-tensor scales 1.45x, 1.59x and
     2.01x XLA at 8192^3, 8192x4096x14336 and 4096^3 (Triton 1.16-1.58x); block
     scales 14.3x at 8192^3 (XLA has no block-scaled GEMM: `xla.scaled_product`
-    runs one GEMM per 128 of K; Triton 13.8x);
+    runs one GEMM per 128 of K; Triton 13.8x). On the H200 (2026-11-26,
+    bench/results/h200-fp8-2026-11-26b/) Pallas per tensor 1.35-1.81x, block
+    scales through its TMA-scales variant 16-17.6x (Triton 10.2-12.2x), the
+    block-scaled dgrad and wgrad 17.4x and 15.5x;
   * below, Triton: 1.02x at 128x4096x14336 per tensor (Pallas 0.95x); and, for
     the fp32 accumulation the op promises, the `xla` backend runs HIGHEST, which at
     128 rows is 0.15x of XLA's default-precision form, so the kernel keeps both
