@@ -1,5 +1,6 @@
 #!/bin/bash
-# The next call (prepared 2026-11-26, not run yet): what this session's device time did not
+# Prepared 2026-11-26 and superseded: its FP8 parts ran in research/probes/fp8-step-2026-11-26
+# (run1-run3); the sharded re-time with PipelinedWallTimer did not run. Was: what that session's device time did not
 # reach, for one nvidia-h200-x4 call of <= 600 s that returns one tar (the device tool
 # returns at most 8 files).
 #   1. the FP8 GPU tier alone on GPU 0 (run1's crashed beside three other jobs);
