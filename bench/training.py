@@ -122,8 +122,8 @@ class ModelConfig:
   # Causal attention: "xla" materializes the (heads, seq, seq) scores and softmax in
   # fp32 (every model's, and what the earlier steps measured); "flash" is
   # jax.nn.dot_product_attention, cuDNN's fused flash attention on a GPU (XLA's
-  # composition elsewhere): what a training step on Hopper runs. The FP8 step's 2-D
-  # kernel profile: research/probes/fp8-step-2026-11-26.
+  # composition elsewhere): what a training step on Hopper runs. The FP8 step's
+  # kernel profiles with each: research/probes/fp8-step-2026-11-26.
   attention: str = "xla"
 
   @property
@@ -388,7 +388,7 @@ def forward_loss(params, tokens, targets, *, cfg: ModelConfig, mm: Callable, dty
   mask = jnp.tril(jnp.ones((s, s), bool))
 
   def attention(qkv):
-    """Causal multi-head attention, on XLA's ops in every model: (b, s, 3d) -> (b, s, d)."""
+    """Causal multi-head attention, as `cfg.attention` says: (b, s, 3d) -> (b, s, d)."""
     q, k, v = jnp.split(qkv.reshape(b, s, 3, heads, dh), 3, axis=2)
     q, k, v = (t[:, :, 0] for t in (q, k, v))                   # (b, s, heads, dh)
     if cfg.attention == "flash":
