@@ -87,6 +87,10 @@ CPU_TRAIN_CALL_S = 0.15
 TIMEOUT_FACTOR = 5.0
 
 
+# ModelConfig.attention's values.
+ATTENTIONS = ("xla", "flash")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   batch: int
@@ -125,6 +129,11 @@ class ModelConfig:
   # composition elsewhere): what a training step on Hopper runs. The FP8 step's
   # kernel profiles with each: research/probes/fp8-step-2026-11-26.
   attention: str = "xla"
+
+  def __post_init__(self):
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"ModelConfig's attention={self.attention!r} must be one of "
+                       f"{ATTENTIONS}")
 
   @property
   def tokens(self) -> int:

@@ -459,3 +459,8 @@ def test_flash_attention_is_the_same_model():
     losses[attention] = float(T.forward_loss(params, tokens, targets, cfg=cfg, mm=mm,
                                              dtype=jnp.float32))
   assert abs(losses["flash"] - losses["xla"]) <= 1e-5 * abs(losses["xla"]), losses
+
+
+def test_model_attention_is_named():
+  with pytest.raises(ValueError, match=r"attention='cudnn' must be one of \('xla', 'flash'\)"):
+    dataclasses.replace(T.CPU_FP8_MODEL, attention="cudnn")
