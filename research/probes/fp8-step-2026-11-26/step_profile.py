@@ -17,6 +17,11 @@ tensor recipe's quantization adds can go):
   kmajor  every GEMM gets K-major operands: the forward takes W8^T with
           trans_b=True, the VJP saves X8^T and runs the wgrad on (X8^T, dY8^T),
           so no transpose is left to the kernel's pre-pass or to XLA's cuBLAS call.
+  bf16out the xla backend's per-tensor form (the mixed dgrad and wgrad under `auto`) with
+          its dot writing bf16 and the scale multiplied in bf16 (one rounding only if
+          XLA folds it into cuBLASLt's alpha: xla_forms.py's `bf16_out` tells).
+--runs takes the recipes "tensor", "block" and "tensor-e4m3" (per tensor with e4m3
+gradients: same-dtype dgrad and wgrad, which `auto` runs on Pallas).
 With --dump DIR each run's kernels (name, ms) and optimized HLO go to DIR.
 
 On the GPU machine: make gpu-env; PYTHONPATH=$PWD/.gpu-site python3 <this file>
@@ -107,7 +112,12 @@ def profile(label, compiled, args, reps=3, dump=None):
 import jaxgemm.ops.scaled_matmul.training as FT  # noqa: E402
 from jaxgemm.ops.scaled_matmul.quantize import quantize as _quantize  # noqa: E402
 
+import jaxgemm  # noqa: E402
+from jax import lax  # noqa: E402
+from jaxgemm.ops.scaled_matmul import xla as scaled_xla  # noqa: E402
+
 _BASE = (FT._forward, FT._backward, FT.quantize)
+_BASE_PRODUCT = scaled_xla.scaled_product
 
 
 def _quantize_amax2(x, dtype=jnp.float8_e4m3fn, block=None):
@@ -141,8 +151,22 @@ def _backward_kmajor(recipe, out_dtype, x_dtype, w_dtype, saved, dy):
   return dx, dw
 
 
+def _scaled_product_bf16_out(problem, a, b, a_scale, b_scale):
+  """The xla backend's per-tensor form with the dot writing out_dtype and the scale
+  multiplied in it: one rounding if XLA folds the scale into cuBLASLt's alpha, two if not
+  (the GEMM-level error tells: xla_forms.py)."""
+  if problem.scale_kind != "tensor" or problem.precision is not None:
+    return _BASE_PRODUCT(problem, a, b, a_scale, b_scale)
+  out = problem.out_dtype
+  y = lax.dot_general(a, b, scaled_xla._dims(problem), precision=lax.Precision.HIGHEST,
+                      preferred_element_type=out)
+  return y * (a_scale * b_scale).astype(out)
+
+
 def use_variant(name):
   fwd, bwd, q = _BASE
+  scaled_xla.scaled_product = (_scaled_product_bf16_out if "bf16out" in name
+                               else _BASE_PRODUCT)
   if "kmajor" in name:
     fwd, bwd = _forward_kmajor, _backward_kmajor
   if "amax2" in name:
@@ -157,12 +181,23 @@ tokens, targets = next(T.batches(cfg, 0))
 args = (params, opt, tokens, targets)
 runs = [(REF, REF_VARIANT, None)]
 runs += [(b, T.FP8_VARIANT_PREFIX + r, q) for b, r in (s.split(":") for s in RUNS.split(","))
-         for q in VARIANTS.split(",") if q == "base" or r == "tensor"]
+         for q in VARIANTS.split(",") if q == "base" or r.startswith("tensor")]
+
+
+def make_mm(backend, variant):
+  """The bench's mm, or for "fp8=tensor-e4m3" the per-tensor recipe with e4m3 gradients
+  (same-dtype dgrad and wgrad: `auto` sends them to the Pallas kernel, which writes bf16)."""
+  if variant == T.FP8_VARIANT_PREFIX + "tensor-e4m3":
+    recipe = FT.Fp8Recipe("tensor", grad_dtype="float8_e4m3fn")
+    return lambda x, w: jaxgemm.matmul(x, w, fp8=recipe, backend=backend)
+  return T.make_mm(backend, variant, "bf16")
+
+
 results = {}
 for backend, variant, quant in runs:
   use_variant(quant or "base")
   t0 = time.time()
-  mm = T.make_mm(backend, variant, "bf16")
+  mm = make_mm(backend, variant)
   if quant and quant != "base":
     variant = f"{variant}[{quant}]"
   step = T.make_step(cfg, mm, jnp.bfloat16)

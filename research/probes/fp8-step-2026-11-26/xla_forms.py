@@ -5,6 +5,8 @@ GEMM writing fp32 and a separate convert pass to bf16 (run4: ~1.1 ms of the step
   f32_then_scale  (dot(a8, b8, f32, HIGHEST) * (sa * sb)).astype(bf16)   the xla backend's
   dequant_f32     dot(a8.astype(f32) * sa, b8.astype(f32) * sb, f32, HIGHEST).astype(bf16)
   dequant_bf16    dot(a8.astype(bf16) * sa, b8.astype(bf16) * sb, bf16, HIGHEST)
+  bf16_out        dot(a8, b8, bf16, HIGHEST) * (sa * sb).astype(bf16): one rounding if XLA
+                  folds the scale into cuBLASLt's alpha (not yet run on a GPU)
 
 For each: the custom call XLA emits (target, result type), the error against the exact
 dequantized product, and the CUPTI time. Then (--step) the FP8 step's profile with the
@@ -45,8 +47,11 @@ def forms(dims):
   def dequant_bf16(a, b, sa, sb):
     return lax.dot_general(a.astype(BF16) * sa.astype(BF16), b.astype(BF16) * sb.astype(BF16),
                            dims, precision=HI, preferred_element_type=BF16)
+  def bf16_out(a, b, sa, sb):
+    return (lax.dot_general(a, b, dims, precision=HI, preferred_element_type=BF16)
+            * (sa * sb).astype(BF16))
   return {"f32_then_scale": f32_then_scale, "dequant_f32": dequant_f32,
-          "dequant_bf16": dequant_bf16}
+          "dequant_bf16": dequant_bf16, "bf16_out": bf16_out}
 
 
 # (name, m, k, n, a dtype, b dtype, a stored, b stored, dims): the step's layer at d 4096, ff
