@@ -300,7 +300,8 @@ def test_lowers_for_cuda_with_256x64_tiles():
   candidates = BACKEND.tuning_candidates(p)
   assert [c.tile_m * c.tile_n for _, c in candidates] == [128 * 128, 256 * 64, 128 * 128,
                                                           128 * 128]
-  assert [v for v, _ in candidates] == [VARIANT] * 3 + [TMA]   # block scales: TMA too
+  # block scales: the TMA-scales default's three, then the GMEM-scales variant's default
+  assert [v for v, _ in candidates] == [TMA] * 3 + [VARIANT]
   assert len(BACKEND.tuning_candidates(dataclasses.replace(p, scale_kind="tensor"))) == 3
   wide = candidates[1][1]
   assert wide.max_concurrent_steps == 4   # 40 KiB a stage: 4 fit beside the epilogue
