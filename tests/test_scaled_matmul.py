@@ -18,7 +18,7 @@ log, research/probes/fp8-step-2026-11-26/run2/fp8-gpu-tier.log): 2**-13, the
 bound before that run, was below the hardware's own level, 2**-11 (4.9e-4) is
 1.6x above the worst. Unpromoted, the error grows with K (about 2% of the
 result at K = 4096 in the report); test_accumulation_stays_at_fp32_level checks
-that it does not grow from K = 1024 to 16384, and the pallas file's promotion
+that it does not grow from K = 1024 to 16320, and the pallas file's promotion
 test compares against an emulated unpromoted accumulator.
 """
 

@@ -136,7 +136,7 @@ def kernel_win(problem: ScaledMatmulProblem, device_kind: str) -> tuple[str, str
     scales 14.3x at 8192^3 (XLA has no block-scaled GEMM: `xla.scaled_product`
     runs one GEMM per 128 of K; Triton 13.8x). On the H200 (2026-11-26,
     bench/results/h200-fp8-2026-11-26b/) Pallas per tensor 1.35-1.81x, block
-    scales through its TMA-scales variant 16-17.6x (Triton 10.2-12.2x), the
+    scales through its TMA-scales variant 15.9-17.6x (Triton 10.2-12.2x), the
     block-scaled dgrad and wgrad 17.4x and 15.5x;
   * below, Triton: 1.02x at 128x4096x14336 per tensor (Pallas 0.95x); and, for
     the fp32 accumulation the op promises, the `xla` backend runs HIGHEST, which at
