@@ -38,10 +38,11 @@ def inputs(rng, m=48, k=256, n=192, dtype=BF16, lead=()):
   return (jnp.asarray(x, dtype), jnp.asarray(w, dtype), jnp.asarray(dy, dtype))
 
 
-def quantized(x, dtype, block):
-  """(the float64 dequantized values, q, scale) of x as the recipe quantizes it."""
-  q, s = jaxgemm.quantize(x, dtype, block)
-  return dequantized(q, s, block)
+def quantized(recipe, x, role):
+  """The float64 dequantized values of x as the recipe quantizes the operand `role`."""
+  dtype = recipe.grad_dtype if role.startswith("dy") else recipe.dtype
+  q, s = jaxgemm.quantize(x, dtype, recipe.blocks(role), scale_dtype=recipe.scale_dtype)
+  return dequantized(q, s.astype(F32), recipe.blocks(role))
 
 
 def rel_err(out, ref):
@@ -58,11 +59,8 @@ def test_forward_dgrad_wgrad_are_the_recipes_fp8_gemms(backend, fp8, rng):
   y, vjp = jax.vjp(f, x, w)
   dx, dw = jax.jit(vjp)(dy)
   assert (y.dtype, dx.dtype, dw.dtype) == (BF16, BF16, BF16)
-  x64 = quantized(x, recipe.dtype, recipe.blocks("x"))
-  w64 = quantized(w, recipe.dtype, recipe.blocks("w"))
-  dy64 = quantized(dy, recipe.grad_dtype, recipe.blocks("dy"))
-  xw64 = quantized(x, recipe.dtype, recipe.blocks("x_wgrad"))
-  dyw64 = quantized(dy, recipe.grad_dtype, recipe.blocks("dy_wgrad"))
+  x64, w64, dy64 = quantized(recipe, x, "x"), quantized(recipe, w, "w"), quantized(recipe, dy, "dy")
+  xw64, dyw64 = quantized(recipe, x, "x_wgrad"), quantized(recipe, dy, "dy_wgrad")
   check(y, *reference(x64, w64), BF16, "forward")
   check(dx, *reference(dy64, w64.T), BF16, "dgrad")
   check(dw, *reference(xw64.T, dyw64), BF16, "wgrad")
@@ -126,7 +124,8 @@ def test_epilogue_runs_after_the_fp8_gemm(rng):
 
 
 def test_recipes():
-  assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2)
+  assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2,
+                                                scale_dtype=jnp.float8_e8m0fnu)
   assert Fp8Recipe.named("block").grad_dtype == "float8_e4m3fn"
   recipe = Fp8Recipe("block", dtype=jnp.float8_e5m2)
   assert recipe.dtype == "float8_e5m2" and hash(recipe) == hash(dataclasses.replace(recipe))
@@ -137,6 +136,8 @@ def test_recipes():
     (lambda x, w: jaxgemm.matmul(x, w, fp8="rows"), ValueError, "fp8='rows' must be"),
     (lambda x, w: Fp8Recipe("rows"), ValueError, "scaling='rows' must be one of"),
     (lambda x, w: Fp8Recipe(dtype=jnp.bfloat16), TypeError, "dtype=.* must be one of"),
+    (lambda x, w: Fp8Recipe(scale_dtype=jnp.bfloat16), TypeError,
+     "scale_dtype=.* must be one of"),
     (lambda x, w: jaxgemm.matmul(x, w[None], fp8="block"), ValueError, "2-D weight b"),
     (lambda x, w: jaxgemm.matmul(x[:, :7], w, fp8="block"), ValueError, r"a \(\.\.\., K\)"),
     (lambda x, w: jaxgemm.matmul(x.astype(jnp.float8_e4m3fn), w, fp8="block"), TypeError,

@@ -34,6 +34,7 @@ import jaxgemm
 import gemm_testing
 from gemm_testing import as_f64, assert_gemm_close
 from jaxgemm import registry
+from jaxgemm.ops.scaled_matmul.quantize import pow2_ceil
 
 pytestmark = pytest.mark.op("scaled_matmul")
 
@@ -285,9 +286,10 @@ def test_bad_inputs_name_the_argument(kernel):
     call(a.astype(jnp.bfloat16), b, one, one)
   with pytest.raises(TypeError, match=r"scaled_matmul's b must be fp8.*float32"):
     call(a, b.astype(jnp.float32), one, one)
-  with pytest.raises(TypeError, match=r"a_scale must be float32; got a_scale.dtype=bfloat16"):
+  with pytest.raises(TypeError, match=r"a_scale must be float32 or float8_e8m0fnu .*; got "
+                                      r"a_scale.dtype=bfloat16"):
     call(a, b, jnp.bfloat16(1), one)
-  with pytest.raises(TypeError, match=r"b_scale must be float32; got b_scale.dtype=float16"):
+  with pytest.raises(TypeError, match=r"b_scale must be float32 or .*b_scale.dtype=float16"):
     call(a, b, one, jnp.ones((2, 1), jnp.float16))
   with pytest.raises(ValueError, match=r"a_scale has shape \(8, 3\).*\(8, 1\).*\(8, 2\)"):
     call(a, b, jnp.ones((8, 3)), one)
@@ -399,6 +401,33 @@ def test_problems_in_finds_it_and_no_backward():
   assert [p.op for p in found] == ["scaled_matmul"]
 
 
+E8M0 = np.dtype(jnp.float8_e8m0fnu)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
+def test_power_of_two_scales(kernel, kind, rng):
+  """float8_e8m0fnu scales (quantize's power-of-two scales) give the float32 scales'
+  result: bit for bit on the CPU (the same fp32 sums, times exact scales); on the GPU
+  the xla backend writes bf16 from cuBLAS and scales it, within the one rounding.
+  One e8m0 and one float32 scale run as float32."""
+  a, sa, _ = operands(rng, (70, 300), E4M3, A_BLOCK[kind])
+  b, sb, _ = operands(rng, (300, 200), E5M2, B_BLOCK[kind])
+  pa, pb = pow2_ceil(sa), pow2_ceil(sb)
+  ea, eb = pa.astype(E8M0), pb.astype(E8M0)
+  skip_unless_supported(kernel, a, b, ea, eb)
+  run = jax.jit(lambda a, b, sa, sb: jaxgemm.scaled_matmul(a, b, sa, sb, **kernel.kw))
+  out = run(a, b, ea, eb)
+  a64, b64 = dequantized(a, pa, A_BLOCK[kind]), dequantized(b, pb, B_BLOCK[kind])
+  check(out, *reference(a64, b64), BF16, kind)
+  if jax.default_backend() == "cpu":
+    np.testing.assert_array_equal(np.asarray(out, F32), np.asarray(run(a, b, pa, pb), F32))
+  mixed = run(a, b, ea, pb)
+  check(mixed, *reference(a64, b64), BF16, f"{kind} mixed")
+  (problem,) = jaxgemm.problems_in(lambda a, b: jaxgemm.scaled_matmul(a, b, ea, eb), a, b,
+                                   backward=False)
+  assert problem.pow2_scales and "power-of-two scales" in problem.describe()
+
+
 @TMA_ONLY_ON_GPU
 @pytest.mark.kernel_backends
 def test_autotune_checks_fp8_kernels_against_xla(kernel, tmp_path):
@@ -430,3 +459,28 @@ def test_quantize_is_the_same_in_and_outside_jit(block, rng):
     qj, sj = jax.jit(lambda x: jaxgemm.quantize(x, dtype, block))(x)
     np.testing.assert_array_equal(np.asarray(s), np.asarray(sj))
     np.testing.assert_array_equal(np.asarray(q, np.float32), np.asarray(qj, np.float32))
+
+
+@pytest.mark.parametrize("block", [None, (1, 128), (128, 128)], ids=str)
+def test_quantize_power_of_two_scales(block, rng):
+  """scale_dtype=float8_e8m0fnu: each scale is the least power of two >= amax / max,
+  so a block's largest |q| lies in [max / 2, max], and q * scale stays as close to x."""
+  x = rng.standard_normal((200, 300)) * np.exp2(rng.uniform(-20, 20, size=(200, 1)))
+  x = jnp.asarray(x, jnp.float32)
+  fmax = float(jnp.finfo(E4M3).max)
+  q, s = jax.jit(lambda x: jaxgemm.quantize(x, block=block, scale_dtype=E8M0))(x)
+  _, s32 = jaxgemm.quantize(x, block=block)
+  assert s.dtype == E8M0 and s.shape == s32.shape
+  s64, ref = as_f64(s.astype(F32)), as_f64(s32)
+  mantissa, _ = np.frexp(s64)
+  assert np.all(mantissa == 0.5), "not powers of two"
+  assert np.all(ref <= s64) and np.all(s64 < 2 * ref)
+  amax = np.max(np.abs(as_f64(q)))
+  assert fmax / 2 <= amax <= fmax
+  err = np.abs(dequantized(q, s.astype(F32), block) - as_f64(x))
+  scale = expand(s.astype(F32), x.shape, block)
+  limit = (float(jnp.finfo(E4M3).eps) / 2 * np.abs(as_f64(x))
+           + scale * float(jnp.finfo(E4M3).smallest_subnormal) / 2)
+  assert np.all(err <= limit * (1 + 1e-6))
+  with pytest.raises(TypeError, match="scale_dtype must be one of"):
+    jaxgemm.quantize(x, scale_dtype=jnp.bfloat16)

@@ -18,7 +18,7 @@ import numpy as np
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops.matmul import api as matmul_api
 from jaxgemm.ops.scaled_matmul.primitive import bind
-from jaxgemm.ops.scaled_matmul.problem import (FP8_DTYPES, OUT_DTYPES, SCALE_DTYPE,
+from jaxgemm.ops.scaled_matmul.problem import (FP8_DTYPES, OUT_DTYPES, SCALE_DTYPE, SCALE_DTYPES,
                                                ScaledMatmulProblem, blocks)
 
 _RANK = {"tensor": 0, "row_col": 1, "block": 2}
@@ -45,9 +45,10 @@ def _scale_kind(scale, name: str, batch: tuple[int, ...], kinds: dict, transpose
   stored transposed, so the scale is too (its last two dimensions are swapped here).
   """
   scale = jnp.asarray(scale)
-  if np.dtype(scale.dtype) != SCALE_DTYPE:
-    raise TypeError(f"scaled_matmul's {name} must be float32; got {name}.dtype={scale.dtype} "
-                    f"(cast it with .astype(jnp.float32))")
+  if np.dtype(scale.dtype) not in SCALE_DTYPES:
+    raise TypeError(f"scaled_matmul's {name} must be float32 or float8_e8m0fnu (powers of "
+                    f"two); got {name}.dtype={scale.dtype} (cast it with "
+                    f".astype(jnp.float32))")
   if scale.ndim == 0:
     return "tensor", scale
   stored = {k: (s[::-1] if transposed else s) for k, s in kinds.items()}
@@ -77,8 +78,12 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
       Leading batch dimensions broadcast as in jnp.matmul; a b with none (a
       weight) is shared by every batch entry, not copied (with trans_a=False:
       a transposed a keeps its batch, and b is broadcast to it).
-    a_scale, b_scale: float32, shaped as `jaxgemm.quantize` returns them for the
-      operand as stored (so a transposed operand's scale is transposed too):
+    a_scale, b_scale: float32, or both float8_e8m0fnu (powers of two, from
+      `quantize(..., scale_dtype=jnp.float8_e8m0fnu)`: then XLA's cuBLAS FP8 GEMM
+      writes bfloat16 itself and the scales follow exactly, where float32
+      scales need an fp32 result and a convert), shaped as `jaxgemm.quantize`
+      returns them for the operand as stored (so a transposed operand's scale
+      is transposed too):
 
         per tensor        ()                          ()
         per row / column  a: (..., M, 1)              b: (..., 1, N)
@@ -146,6 +151,9 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
                      f"a_scale has 1x128 blocks: a column scale is not a 128x128 block "
                      f"scale. Quantize b in blocks too (jaxgemm.quantize(b, block=(128, 128))) "
                      f"or a per row (block=(1, None))")
+  # Power-of-two scales stay so only in pairs: one float32 scale makes the product's
+  # scale any float32.
+  scale_dtype = np.dtype(a_scale.dtype) if a_scale.dtype == b_scale.dtype else SCALE_DTYPE
   # The lower kind's scale broadcast to the other's (a few floats).
   if a_kind != kind:
     a_scale = jnp.broadcast_to(a_scale[..., None, None] if a_kind == "tensor" else a_scale,
@@ -178,8 +186,8 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
   problem = ScaledMatmulProblem(
       math.prod(batch) if not shared else 1, m * (math.prod(batch) if shared else 1), n, k,
       np.dtype(a.dtype), out_dtype, np.dtype(np.float32), bool(trans_a), bool(trans_b),
-      precision, b_dtype=np.dtype(b.dtype), scale_kind=kind)
+      precision, b_dtype=np.dtype(b.dtype), scale_kind=kind, scale_dtype=scale_dtype)
   route = matmul_api._route(problem, backend, variant, config, None)
-  return bind(a, b, a_scale.astype(SCALE_DTYPE), b_scale.astype(SCALE_DTYPE),
+  return bind(a, b, a_scale.astype(scale_dtype), b_scale.astype(scale_dtype),
               trans_a=trans_a, trans_b=trans_b, ndims=ndims, out_dtype=out_dtype,
               scale_kind=kind, precision=precision, **route)

@@ -274,6 +274,7 @@ class PallasScaledMatmul(registry.Backend):
         return scaled_xla.scaled_product(problem, a, b, a_scale, b_scale)
       from jaxgemm.kernels.pallas.scaled_matmul import scaled  # noqa: PLC0415 (Mosaic GPU)
       a, b = k_major_operands(problem, a, b)
+      a_scale, b_scale = a_scale.astype(jnp.float32), b_scale.astype(jnp.float32)
       return scaled.scaled(a, b, a_scale, b_scale, laid_out, config,
                            scale_kind=problem.scale_kind, interpret=interpret,
                            tma_scales=variant == TMA_SCALES)

@@ -41,7 +41,7 @@ from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op
 from jaxgemm.ops.rules import moved
 from jaxgemm.ops.matmul import primitive as matmul_primitive
-from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_DTYPE,
+from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_DTYPES,
                                                SCALE_KINDS, ScaledMatmulProblem, blocks)
 
 scaled_matmul_p = Primitive("jaxgemm_scaled_matmul")
@@ -91,17 +91,20 @@ def problem_of(a, b, a_scale, b_scale, *, trans_a, trans_b, ndims, out_dtype, sc
                     f"(trans_a={trans_a}), b.shape={b.shape} (trans_b={trans_b}), ndims={ndims}")
   want = scale_shapes(a.shape, b.shape, trans_a=trans_a, trans_b=trans_b, ndims=ndims,
                       scale_kind=scale_kind)
+  scale_dtype = np.dtype(a_scale.dtype)
   for name, aval, shape in (("a_scale", a_scale, want[0]), ("b_scale", b_scale, want[1])):
-    if tuple(aval.shape) != shape or np.dtype(aval.dtype) != SCALE_DTYPE:
-      raise TypeError(f"scaled_matmul_p with scale_kind={scale_kind!r} takes a float32 "
-                      f"{name} of shape {shape}; got {np.dtype(aval.dtype).name}{aval.shape}")
+    if (tuple(aval.shape) != shape or np.dtype(aval.dtype) not in SCALE_DTYPES
+        or np.dtype(aval.dtype) != scale_dtype):
+      raise TypeError(f"scaled_matmul_p with scale_kind={scale_kind!r} takes {name} of shape "
+                      f"{shape} in one of {[d.name for d in SCALE_DTYPES]}, the same dtype "
+                      f"for both scales; got {np.dtype(aval.dtype).name}{aval.shape}")
   if np.dtype(out_dtype) not in OUT_DTYPES:
     raise TypeError(f"scaled_matmul_p's out_dtype must be one of "
                     f"{[d.name for d in OUT_DTYPES]}; got {np.dtype(out_dtype).name}")
   return ScaledMatmulProblem(
       math.prod(batch), math.prod(m), math.prod(n), math.prod(k_a), np.dtype(a.dtype),
       np.dtype(out_dtype), np.dtype(np.float32), trans_a, trans_b, precision,
-      b_dtype=np.dtype(b.dtype), scale_kind=scale_kind)
+      b_dtype=np.dtype(b.dtype), scale_kind=scale_kind, scale_dtype=scale_dtype)
 
 
 def bind(a, b, a_scale, b_scale, *, trans_a=False, trans_b=False,
@@ -249,11 +252,14 @@ def _call(problem: ScaledMatmulProblem, a, b, a_scale, b_scale, *, backend, vari
 
 
 def _example_operands(problem: ScaledMatmulProblem, key):
-  """Standard-normal fp8 operands and scales of 2**-4 .. 2**4 (never zero)."""
+  """Standard-normal fp8 operands and scales of 2**-4 .. 2**4 (never zero; whole powers
+  of two for power-of-two scales)."""
   ka, kb, ks, kt = jax.random.split(key, 4)
   a = jax.random.normal(ka, problem.a_shape, jnp.float32).astype(problem.dtype)
   b = jax.random.normal(kb, problem.b_shape, jnp.float32).astype(problem.b_dtype)
-  scale = lambda k, s: 2.0 ** jax.random.uniform(k, s, jnp.float32, -4, 4)
+  exponent = jnp.round if problem.pow2_scales else (lambda e: e)
+  scale = lambda k, s: (2.0 ** exponent(jax.random.uniform(k, s, jnp.float32, -4, 4))
+                        ).astype(problem.scale_dtype)
   return [a, b, scale(ks, problem.a_scale_shape), scale(kt, problem.b_scale_shape)]
 
 

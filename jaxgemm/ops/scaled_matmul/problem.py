@@ -14,6 +14,9 @@ from jaxgemm.ops.matmul.problem import GemmProblem
 FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
 SCALE_DTYPE = np.dtype(np.float32)
+# Scales come in float32, or as powers of two in the MX scale type (`quantize`'s
+# scale_dtype); kernels read both as float32.
+SCALE_DTYPES = (SCALE_DTYPE, np.dtype(jnp.float8_e8m0fnu))
 # How the scales cover the operands (shapes in `ScaledMatmulProblem`'s docstring).
 SCALE_KINDS = ("tensor", "row_col", "block")
 # The width of a scale block along K (and N for b's 128x128 blocks): the interval
@@ -55,12 +58,22 @@ class ScaledMatmulProblem(GemmProblem):
 
   b_dtype: np.dtype | None = None   # None: `dtype`
   scale_kind: str = "tensor"
+  scale_dtype: np.dtype = SCALE_DTYPE   # of both scales (SCALE_DTYPES)
 
   def __post_init__(self):
     if self.b_dtype is None:
       object.__setattr__(self, "b_dtype", np.dtype(self.dtype))
     if self.scale_kind not in SCALE_KINDS:
       raise ValueError(f"scale_kind={self.scale_kind!r} must be one of {SCALE_KINDS}")
+    if np.dtype(self.scale_dtype) not in SCALE_DTYPES:
+      raise ValueError(f"scale_dtype={self.scale_dtype!r} must be one of "
+                       f"{[d.name for d in SCALE_DTYPES]}")
+    object.__setattr__(self, "scale_dtype", np.dtype(self.scale_dtype))
+
+  @property
+  def pow2_scales(self) -> bool:
+    """The scales are powers of two (float8_e8m0fnu): applying them is exact."""
+    return self.scale_dtype != SCALE_DTYPE
 
   @property
   def k_blocks(self) -> int:
@@ -106,12 +119,14 @@ class ScaledMatmulProblem(GemmProblem):
   def cache_fields(self) -> tuple[str, ...]:
     dtypes = (f"{np.dtype(self.dtype).name}x{np.dtype(self.b_dtype).name}"
               f"->{np.dtype(self.out_dtype).name}")
-    return (dtypes, self.scale_kind, self.layout)
+    scales = self.scale_kind + (" pow2" if self.pow2_scales else "")
+    return (dtypes, scales, self.layout)
 
   def describe(self) -> str:
     return (f"{self.batch}x({self.m}x{self.k} @ {self.k}x{self.n}) {self.layout} "
             f"{np.dtype(self.dtype).name} x {np.dtype(self.b_dtype).name}"
-            f"->{np.dtype(self.out_dtype).name} {self.scale_kind} scales")
+            f"->{np.dtype(self.out_dtype).name} {self.scale_kind} "
+            f"{'power-of-two ' if self.pow2_scales else ''}scales")
 
   def as_gemm(self) -> GemmProblem:
     """The bare GEMM of the same shapes (what matmul heuristics size tiles for)."""

@@ -6,8 +6,11 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES
+from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, SCALE_DTYPES
+
+E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
 
 def _block_sizes(block, shape) -> tuple[int, int]:
@@ -27,7 +30,18 @@ def _block_sizes(block, shape) -> tuple[int, int]:
   return tuple(out)
 
 
-def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
+def pow2_ceil(s):
+  """The least power of two >= each positive normal float32 `s` (others pass through).
+
+  Exact on the bits: adding the largest mantissa carries into the exponent unless
+  the mantissa is already zero, and masking keeps the exponent alone.
+  """
+  bits = lax.bitcast_convert_type(s, jnp.int32)
+  up = lax.bitcast_convert_type((bits + 0x007FFFFF) & 0x7F800000, jnp.float32)
+  return jnp.where(jnp.isfinite(s) & (s > 0), up, s)
+
+
+def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32):
   """(q, scale) with x ~= q * scale: q in fp8 `dtype`, scale float32, amax based.
 
   Args:
@@ -46,6 +60,12 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
                                                       trans_a scaled_matmul)
 
       A partial block at the end counts only the elements it has.
+    scale_dtype: jnp.float32, or jnp.float8_e8m0fnu for power-of-two scales
+      (the OCP MX scale type: an 8-bit exponent). Each scale is then rounded up
+      to a power of two, so q uses [dtype_max/2, dtype_max] for a block's amax
+      (at most one binade less of range at the bottom), and `scaled_matmul`
+      knows its scales exactly: applying one after rounding to bfloat16 is
+      exact, which lets XLA's cuBLAS FP8 GEMM write bfloat16 itself.
 
   Each block's scale is amax / dtype_max (amax in float32 over the block), and
   q = x / scale rounded to `dtype`, clipped to +-dtype_max (saturating: rounding
@@ -67,6 +87,13 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
   """
   x = jnp.asarray(x)
   dtype = np.dtype(dtype)
+  try:
+    scale_dtype = np.dtype(scale_dtype)
+  except TypeError:
+    scale_dtype = None
+  if scale_dtype not in SCALE_DTYPES:
+    raise TypeError(f"quantize's scale_dtype must be one of "
+                    f"{[d.name for d in SCALE_DTYPES]}; got scale_dtype={scale_dtype}")
   if dtype not in FP8_DTYPES:
     raise TypeError(f"quantize's dtype must be one of {[d.name for d in FP8_DTYPES]}; "
                     f"got dtype={dtype}")
@@ -80,12 +107,14 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
 
   def scale_of(amax):
     s = amax * inv_fmax
+    if scale_dtype == E8M0:
+      s = pow2_ceil(s)
     return jnp.where((s >= tiny) | ~jnp.isfinite(s), s, jnp.float32(1))
 
   if block is None:
     scale = scale_of(jnp.max(jnp.abs(x32)) if x.size else jnp.float32(0))
     q = jnp.clip(x32 * (1 / scale), -fmax, fmax).astype(dtype)
-    return q, scale
+    return q, scale.astype(scale_dtype)
   if x.ndim < 2:
     raise ValueError(f"quantize with block={block!r} blocks the last two dimensions of x; "
                      f"got x.shape={x.shape} (use block=None for one scale)")
@@ -99,4 +128,4 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None):
   scale = scale_of(amax)                                      # (..., nr, nc)
   inv = jnp.repeat(jnp.repeat(1 / scale, br, axis=-2), bc, axis=-1)[..., :rows, :cols]
   q = jnp.clip(x32 * inv, -fmax, fmax).astype(dtype)
-  return q, scale
+  return q, scale.astype(scale_dtype)

@@ -40,11 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgemm.ops.scaled_matmul.api import scaled_matmul
-from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, OUT_DTYPES
+from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, OUT_DTYPES, SCALE_DTYPES
 from jaxgemm.ops.scaled_matmul.quantize import quantize
 
 SCALINGS = ("tensor", "block")
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,19 +60,26 @@ class Fp8Recipe:
     grad_dtype: the fp8 type of dY. float8_e5m2 (2 mantissa bits, max 57344)
       spans the wider range a gradient needs under one per-tensor scale; with
       block scales each block has its own range, and e4m3's extra bit wins.
+    scale_dtype: "float32", or "float8_e8m0fnu" for power-of-two scales
+      (`jaxgemm.quantize`'s scale_dtype): each scale rounded up to a power of
+      two, at most one binade of fp8 range lost, so that XLA's cuBLAS FP8
+      GEMMs (the per-tensor recipe's mixed e5m2 x e4m3 dgrad and wgrad) write
+      bf16 directly instead of fp32 and a convert.
     backend: the scaled_matmul backend of all three GEMMs ("auto", "xla",
       "triton", "pallas").
 
   The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
-  grad_dtype=e5m2), "block" = Fp8Recipe("block", grad_dtype=e4m3).
+  grad_dtype=e5m2, scale_dtype=e8m0), "block" = Fp8Recipe("block",
+  grad_dtype=e4m3) (the kernels apply block scales in fp32 whatever they are).
 
   >>> Fp8Recipe.named("block")
-  Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', backend='auto')
+  Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto')
   """
 
   scaling: str = "block"
   dtype: str = "float8_e4m3fn"
   grad_dtype: str = "float8_e4m3fn"
+  scale_dtype: str = "float32"
   backend: str = "auto"
 
   def __post_init__(self):
@@ -87,6 +95,14 @@ class Fp8Recipe:
         raise TypeError(f"Fp8Recipe's {field}={value!r} must be one of "
                         f"{[d.name for d in FP8_DTYPES]}")
       object.__setattr__(self, field, name)   # a name: hashable, printable, serializable
+    try:
+      name = np.dtype(self.scale_dtype).name
+    except TypeError:
+      name = None
+    if name not in [d.name for d in SCALE_DTYPES]:
+      raise TypeError(f"Fp8Recipe's scale_dtype={self.scale_dtype!r} must be one of "
+                      f"{[d.name for d in SCALE_DTYPES]}")
+    object.__setattr__(self, "scale_dtype", name)
     if not isinstance(self.backend, str):
       raise TypeError(f"Fp8Recipe's backend={self.backend!r} must be a backend name")
 
@@ -96,7 +112,7 @@ class Fp8Recipe:
     if isinstance(recipe, cls):
       return recipe
     if recipe == "tensor":
-      return cls("tensor", grad_dtype=E5M2.name)
+      return cls("tensor", grad_dtype=E5M2.name, scale_dtype=E8M0.name)
     if recipe == "block":
       return cls("block", grad_dtype=E4M3.name)
     raise ValueError(f"fp8={recipe!r} must be an Fp8Recipe or one of {SCALINGS}")
@@ -107,6 +123,11 @@ class Fp8Recipe:
       return None
     return {"x": (1, 128), "w": (128, 128), "dy": (1, 128),
             "x_wgrad": (128, 1), "dy_wgrad": (128, 128)}[role]
+
+  def quantize(self, x, role: str):
+    """(q, scale) of `x` as this recipe quantizes the operand `role` (`blocks`' roles)."""
+    dtype = self.grad_dtype if role.startswith("dy") else self.dtype
+    return quantize(x, dtype, self.blocks(role), scale_dtype=self.scale_dtype)
 
 
 def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype) -> jax.Array:
@@ -132,8 +153,8 @@ def _gemm(recipe, a8, b8, sa, sb, out_dtype, **trans):
 
 def _forward(recipe, out_dtype, x_dtype, w_dtype, x, w):
   """Y of a 2-D X, and what the backward needs (arrays only)."""
-  x8, sx = quantize(x, recipe.dtype, recipe.blocks("x"))
-  w8, sw = quantize(w, recipe.dtype, recipe.blocks("w"))
+  x8, sx = recipe.quantize(x, "x")
+  w8, sw = recipe.quantize(w, "w")
   y = _gemm(recipe, x8, w8, sx, sw, out_dtype)
   saved_x = (x8, sx) if recipe.scaling == "tensor" else x
   return y, (saved_x, w8, sw)
@@ -146,14 +167,13 @@ def _fp8_matmul(recipe, out_dtype, x_dtype, w_dtype, x, w):
 
 def _backward(recipe, out_dtype, x_dtype, w_dtype, saved, dy):
   saved_x, w8, sw = saved
-  grad = recipe.grad_dtype
-  dy8, sdy = quantize(dy, grad, recipe.blocks("dy"))
+  dy8, sdy = recipe.quantize(dy, "dy")
   dx = _gemm(recipe, dy8, w8, sdy, sw, x_dtype, trans_b=True)
   if recipe.scaling == "tensor":
     (x8, sx), dyw8, sdyw = saved_x, dy8, sdy
   else:
-    x8, sx = quantize(saved_x, recipe.dtype, recipe.blocks("x_wgrad"))
-    dyw8, sdyw = quantize(dy, grad, recipe.blocks("dy_wgrad"))
+    x8, sx = recipe.quantize(saved_x, "x_wgrad")
+    dyw8, sdyw = recipe.quantize(dy, "dy_wgrad")
   dw = _gemm(recipe, x8, dyw8, sx, sdyw, w_dtype, trans_a=True)
   return dx, dw
 

@@ -182,6 +182,7 @@ def launch(problem, config, platform, out_mn=None):
 def scaled_matmul(a, b, a_scale, b_scale, problem, config, platform, out_mn=None):
   """C of a `ScaledMatmulProblem` from operands laid out as `problem` says."""
   a, b = kernel_operands(platform, a, b)
+  a_scale, b_scale = a_scale.astype(jnp.float32), b_scale.astype(jnp.float32)  # e8m0 too
   c = triton_call.call(launch(problem, config, platform, out_mn), a, b, a_scale, b_scale,
                        platform=platform)
   return c.astype(problem.out_dtype)   # a no-op but in the interpreter (`stored_dtype`)
