@@ -100,6 +100,25 @@ def test_vmap_quantizes_each_entry(fp8, rng):
   np.testing.assert_array_equal(g[2], jax.grad(lambda w: f(x[2], w).astype(F32).sum())(w))
 
 
+@pytest.mark.parametrize("fp8", RECIPES)
+def test_triton_quantizer_gives_the_same_step(fp8, rng):
+  """quantize_backend="triton" (one cast-transpose kernel a tensor, Triton's interpreter
+  on the CPU) gives the xla quantizer's y, dX and dW bit for bit, under jit and vmap:
+  the same fp8 operands reach the same GEMMs. (Ragged M, K, N: partial tiles.)"""
+  pytest.importorskip("triton")
+  x, w, dy = inputs(rng, m=70, k=200, n=136)
+  backend = "xla" if jax.default_backend() == "cpu" else "auto"
+  results = []
+  for quantizer in ("xla", "triton"):
+    recipe = dataclasses.replace(Fp8Recipe.named(fp8), quantize_backend=quantizer)
+    f = jax.jit(lambda x, w, r=recipe: jaxgemm.matmul(x, w, fp8=r, backend=backend))
+    y, vjp = jax.vjp(f, x, w)
+    vmapped = jax.vmap(f, in_axes=(0, None))(x.reshape(2, 35, -1), w)
+    results.append((y, *vjp(dy), vmapped))
+  for got, want, what in zip(results[1], results[0], ("y", "dx", "dw", "vmap")):
+    np.testing.assert_array_equal(np.asarray(got, F32), np.asarray(want, F32), err_msg=what)
+
+
 @pytest.mark.parametrize("dtype", [np.dtype(np.float16), F32])
 def test_input_dtypes_give_their_gradients(dtype, rng):
   x, w, dy = inputs(rng, dtype=dtype)
@@ -138,6 +157,8 @@ def test_recipes():
     (lambda x, w: Fp8Recipe(dtype=jnp.bfloat16), TypeError, "dtype=.* must be one of"),
     (lambda x, w: Fp8Recipe(scale_dtype=jnp.bfloat16), TypeError,
      "scale_dtype=.* must be one of"),
+    (lambda x, w: Fp8Recipe(quantize_backend="pallas"), ValueError,
+     "quantize_backend='pallas' must be one of"),
     (lambda x, w: jaxgemm.matmul(x, w[None], fp8="block"), ValueError, "2-D weight b"),
     (lambda x, w: jaxgemm.matmul(x[:, :7], w, fp8="block"), ValueError, r"a \(\.\.\., K\)"),
     (lambda x, w: jaxgemm.matmul(x.astype(jnp.float8_e4m3fn), w, fp8="block"), TypeError,

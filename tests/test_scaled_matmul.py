@@ -34,7 +34,7 @@ import jaxgemm
 import gemm_testing
 from gemm_testing import as_f64, assert_gemm_close
 from jaxgemm import registry
-from jaxgemm.ops.scaled_matmul.quantize import pow2_ceil
+from jaxgemm.ops.scaled_matmul.quantize import pow2_ceil, quantize_pair
 
 pytestmark = pytest.mark.op("scaled_matmul")
 
@@ -484,3 +484,21 @@ def test_quantize_power_of_two_scales(block, rng):
   assert np.all(err <= limit * (1 + 1e-6))
   with pytest.raises(TypeError, match="scale_dtype must be one of"):
     jaxgemm.quantize(x, scale_dtype=jnp.bfloat16)
+
+
+def test_quantize_pair_is_quantize_both_ways_and_names_bad_arguments(rng):
+  """The xla quantize_pair is two quantize calls (x, and x^T with its own blocks); the
+  Triton kernel's bit-equality with it is tests/test_cast_transpose.py's."""
+  x = jnp.asarray(rng.standard_normal((130, 260)), jnp.float32)
+  q, s, qt, st = quantize_pair(x, E4M3, (1, 128), (128, 128))
+  for got, want in zip((q, s, qt, st), (*jaxgemm.quantize(x, E4M3, (1, 128)),
+                                        *jaxgemm.quantize(x.T, E4M3, (128, 128)))):
+    np.testing.assert_array_equal(np.asarray(got, F32), np.asarray(want, F32))
+  with pytest.raises(ValueError, match="backend='cuda' must be one of"):
+    quantize_pair(x, E4M3, None, None, backend="cuda")
+  with pytest.raises(ValueError, match=r"block_t=\(1, 64\) must be one of"):
+    quantize_pair(x, E4M3, (1, 128), (1, 64))
+  with pytest.raises(ValueError, match="both per tensor or both in blocks"):
+    quantize_pair(x, E4M3, None, (1, 128))
+  with pytest.raises(ValueError, match="2-D x"):
+    quantize_pair(x[None], E4M3, None, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -39,6 +40,15 @@ def pow2_ceil(s):
   bits = lax.bitcast_convert_type(s, jnp.int32)
   up = lax.bitcast_convert_type((bits + 0x007FFFFF) & 0x7F800000, jnp.float32)
   return jnp.where(jnp.isfinite(s) & (s > 0), up, s)
+
+
+def scale_of_amax(amax, dtype, scale_dtype):
+  """The float32 scale of a block whose largest |x| is `amax` (`quantize`'s rule)."""
+  s = amax * np.float32(1 / float(jnp.finfo(dtype).max))
+  if np.dtype(scale_dtype) == E8M0:
+    s = pow2_ceil(s)
+  tiny = float(jnp.finfo(jnp.float32).tiny)
+  return jnp.where((s >= tiny) | ~jnp.isfinite(s), s, jnp.float32(1))
 
 
 def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32):
@@ -100,16 +110,8 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32)
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"quantize takes a floating x; got x.dtype={x.dtype}")
   fmax = float(jnp.finfo(dtype).max)
-  tiny = float(jnp.finfo(jnp.float32).tiny)
   x32 = x.astype(jnp.float32)
-
-  inv_fmax = np.float32(1 / fmax)
-
-  def scale_of(amax):
-    s = amax * inv_fmax
-    if scale_dtype == E8M0:
-      s = pow2_ceil(s)
-    return jnp.where((s >= tiny) | ~jnp.isfinite(s), s, jnp.float32(1))
+  scale_of = lambda amax: scale_of_amax(amax, dtype, scale_dtype)
 
   if block is None:
     scale = scale_of(jnp.max(jnp.abs(x32)) if x.size else jnp.float32(0))
@@ -129,3 +131,77 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32)
   inv = jnp.repeat(jnp.repeat(1 / scale, br, axis=-2), bc, axis=-1)[..., :rows, :cols]
   q = jnp.clip(x32 * inv, -fmax, fmax).astype(dtype)
   return q, scale.astype(scale_dtype)
+
+
+# The blocks `quantize_pair` takes (for x and for x^T): those the FP8 GEMMs take, and
+# what the fused kernel calls them.
+_PAIR_MODES = {None: "tensor", (1, 128): "row", (128, 128): "tile"}
+QUANTIZE_BACKENDS = ("xla", "triton")
+
+
+def quantize_pair(x, dtype, block, block_t, *, scale_dtype=jnp.float32, backend="xla"):
+  """(q, scale, q_t, scale_t): `quantize(x, dtype, block)` and `quantize(x.T, dtype, block_t)`.
+
+  An FP8 GEMM wants both operands K-major, so a training step needs most tensors
+  in both orientations (X for the forward and, transposed, for the wgrad). With
+  backend="triton" one kernel reads x once and writes both (amax, scale and cast of
+  every 128x128 tile, TransformerEngine's cast-transpose); with "xla", two
+  `quantize` calls that XLA fuses as it can (an fp8 transpose where both are per
+  tensor). The values are the same bit for bit.
+
+  Args:
+    x: a 2-D floating array (R, C).
+    block, block_t: None (one scale, then both; the amax is XLA's reduction),
+      (1, 128) or (128, 128), for x and for x^T (C, R).
+    scale_dtype, dtype: as `quantize`'s.
+    backend: "xla" or "triton" (the kernel; under vmap, XLA's program).
+
+  >>> import jax.numpy as jnp
+  >>> x = jnp.arange(12.0).reshape(3, 4)
+  >>> q, s, qt, st = quantize_pair(x, jnp.float8_e4m3fn, None, None)
+  >>> bool((qt == q.T).all()), s == st
+  (True, Array(True, dtype=bool))
+  """
+  x = jnp.asarray(x)
+  if backend not in QUANTIZE_BACKENDS:
+    raise ValueError(f"quantize_pair's backend={backend!r} must be one of {QUANTIZE_BACKENDS}")
+  for name, b in (("block", block), ("block_t", block_t)):
+    if b not in _PAIR_MODES:
+      raise ValueError(f"quantize_pair's {name}={b!r} must be one of {list(_PAIR_MODES)}")
+  if (block is None) != (block_t is None):
+    raise ValueError(f"quantize_pair scales x and x^T both per tensor or both in blocks; "
+                     f"got block={block!r}, block_t={block_t!r}")
+  if x.ndim != 2:
+    raise ValueError(f"quantize_pair takes a 2-D x; got x.shape={x.shape}")
+  if backend == "xla":
+    return _pair_xla(x, dtype, block, block_t, scale_dtype)
+  return _pair_triton(x, dtype, block, block_t, scale_dtype)
+
+
+def _pair_xla(x, dtype, block, block_t, scale_dtype):
+  q, scale = quantize(x, dtype, block, scale_dtype=scale_dtype)
+  if block is None:
+    return q, scale, q.T, scale
+  return (q, scale, *quantize(x.T, dtype, block_t, scale_dtype=scale_dtype))
+
+
+def _pair_triton(x, dtype, block, block_t, scale_dtype):
+  from jaxgemm.kernels.triton.quantize import cast_transpose  # noqa: PLC0415 (needs triton)
+
+  @jax.custom_batching.custom_vmap
+  def fused(x):
+    scale = None
+    if block is None:   # the whole tensor's amax first: XLA's reduction
+      scale = scale_of_amax(jnp.max(jnp.abs(x)).astype(jnp.float32), dtype, scale_dtype)
+    platform = "cpu" if jax.default_backend() == "cpu" else "cuda"
+    return cast_transpose.cast_transpose(
+        x, dtype=dtype, row_block=_PAIR_MODES[block], col_block=_PAIR_MODES[block_t],
+        scale=scale, scale_dtype=scale_dtype, platform=platform)
+
+  @fused.def_vmap
+  def _vmapped(axis_size, in_batched, x):   # jax-triton calls have no batching rule
+    del axis_size, in_batched
+    out = jax.vmap(lambda x: _pair_xla(x, dtype, block, block_t, scale_dtype))(x)
+    return out, (True,) * 4
+
+  return fused(x)

@@ -5,22 +5,24 @@ the amax of the values at hand, no history) and runs three FP8 GEMMs through
 `scaled_matmul`, one forward and two in the VJP, for Y = X W with X (M, K)
 (leading dimensions join M) and W (K, N):
 
-    forward  Y  = (X8 * sx) @ (W8 * sw)                      scaled_matmul(x8, w8, sx, sw)
-    dgrad    dX = (dY8 * sdy) @ (W8 * sw)^T                  ... (dy8, w8, sdy, sw, trans_b=True)
-    wgrad    dW = (X8' * sx')^T @ (dY8' * sdy')              ... (x8', dy8', sx', sdy', trans_a=True)
+    forward  Y  = (X8 * sx) @ (W8 * sw)              scaled_matmul(x8, w8t, sx, swt, trans_b=True)
+    dgrad    dX = (dY8 * sdy) @ (W8 * sw)^T          ... (dy8, w8, sdy, sw, trans_b=True)
+    wgrad    dW = (X8' * sx')^T @ (dY8' * sdy')      ... (x8t, dy8t, sxt, sdyt, trans_b=True)
 
-The backward reuses the forward's W8 and sw (W^T in K-major order is W's own
-storage, `trans_b`). How the scales cover the operands is the recipe's:
+FP8 wgmma (and cuBLAS's FP8 GEMM) read both operands K-major, so each tensor is
+quantized in both orientations (`quantize_pair`: x8 and x8t = X'8^T, ...) and
+every GEMM gets K-major operands, with no transpose left to the GEMM. The
+backward reuses the forward's W8 and sw, and X'8^T and its scales, saved at one
+byte per element. How the scales cover the operands is the recipe's:
 
     scaling    X (forward)   W           dY (dgrad)   X' (wgrad)    dY' (wgrad)
     "tensor"   one scale     one         one          X8, sx        dY8, sdy
     "block"    1x128         128x128     1x128        128x1         128x128
 
-With block scales, the wgrad's operands are blocked along M, its contraction,
-so X and dY are quantized a second time in those blocks (the DeepSeek-V3
-recipe quantizes its wgrad inputs along the contraction too); the forward
-saves X itself (in its own dtype) for that, where the per-tensor recipe saves
-X8 and sx (one byte per element).
+With block scales, the wgrad's operands are blocked along M, its contraction
+(the DeepSeek-V3 recipe quantizes its wgrad inputs along the contraction too).
+`Fp8Recipe.quantize_backend` picks who quantizes: XLA, or one Triton kernel per
+tensor that reads it once and writes both orientations.
 
 Gradients come out in the primals' dtypes, the result in `out_dtype` (the
 promoted input dtype, as jnp.matmul's). jit, grad (first order; the VJP is a
@@ -41,7 +43,7 @@ import numpy as np
 
 from jaxgemm.ops.scaled_matmul.api import scaled_matmul
 from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, OUT_DTYPES, SCALE_DTYPES
-from jaxgemm.ops.scaled_matmul.quantize import quantize
+from jaxgemm.ops.scaled_matmul.quantize import QUANTIZE_BACKENDS, quantize_pair
 
 SCALINGS = ("tensor", "block")
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
@@ -67,13 +69,18 @@ class Fp8Recipe:
       bf16 directly instead of fp32 and a convert.
     backend: the scaled_matmul backend of all three GEMMs ("auto", "xla",
       "triton", "pallas").
+    quantize_backend: who quantizes each operand in both orientations
+      (`quantize_pair`): "xla" (jnp: XLA fuses the amaxes, casts and fp8
+      transposes into its own passes) or "triton" (one cast-transpose kernel per
+      tensor; its custom call has no sharding rule, so keep "xla" for sharded
+      operands).
 
   The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
   grad_dtype=e5m2, scale_dtype=e8m0), "block" = Fp8Recipe("block",
   grad_dtype=e4m3) (the kernels apply block scales in fp32 whatever they are).
 
   >>> Fp8Recipe.named("block")
-  Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto')
+  Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto', quantize_backend='xla')
   """
 
   scaling: str = "block"
@@ -81,6 +88,7 @@ class Fp8Recipe:
   grad_dtype: str = "float8_e4m3fn"
   scale_dtype: str = "float32"
   backend: str = "auto"
+  quantize_backend: str = "xla"
 
   def __post_init__(self):
     if self.scaling not in SCALINGS:
@@ -105,6 +113,9 @@ class Fp8Recipe:
     object.__setattr__(self, "scale_dtype", name)
     if not isinstance(self.backend, str):
       raise TypeError(f"Fp8Recipe's backend={self.backend!r} must be a backend name")
+    if self.quantize_backend not in QUANTIZE_BACKENDS:
+      raise ValueError(f"Fp8Recipe's quantize_backend={self.quantize_backend!r} must be one "
+                       f"of {QUANTIZE_BACKENDS}")
 
   @classmethod
   def named(cls, recipe) -> "Fp8Recipe":
@@ -124,10 +135,17 @@ class Fp8Recipe:
     return {"x": (1, 128), "w": (128, 128), "dy": (1, 128),
             "x_wgrad": (128, 1), "dy_wgrad": (128, 128)}[role]
 
-  def quantize(self, x, role: str):
-    """(q, scale) of `x` as this recipe quantizes the operand `role` (`blocks`' roles)."""
-    dtype = self.grad_dtype if role.startswith("dy") else self.dtype
-    return quantize(x, dtype, self.blocks(role), scale_dtype=self.scale_dtype)
+  def quantize_pair(self, x, role: str):
+    """(q, scale, q_t, scale_t) of operand `role` ("x", "w", "dy") and of its transpose as
+    the GEMM that reads it transposed takes it (X^T and dY^T: the wgrad's; W^T: the
+    forward's)."""
+    dtype = self.grad_dtype if role == "dy" else self.dtype
+    block = self.blocks(role)
+    block_t = block if role == "w" else self.blocks(role + "_wgrad")
+    if block_t is not None:
+      block_t = block_t[::-1]   # quantize's block over x^T
+    return quantize_pair(x, dtype, block, block_t, scale_dtype=self.scale_dtype,
+                         backend=self.quantize_backend)
 
 
 def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype) -> jax.Array:
@@ -153,11 +171,10 @@ def _gemm(recipe, a8, b8, sa, sb, out_dtype, **trans):
 
 def _forward(recipe, out_dtype, x_dtype, w_dtype, x, w):
   """Y of a 2-D X, and what the backward needs (arrays only)."""
-  x8, sx = recipe.quantize(x, "x")
-  w8, sw = recipe.quantize(w, "w")
-  y = _gemm(recipe, x8, w8, sx, sw, out_dtype)
-  saved_x = (x8, sx) if recipe.scaling == "tensor" else x
-  return y, (saved_x, w8, sw)
+  x8, sx, x8t, sxt = recipe.quantize_pair(x, "x")
+  w8, sw, w8t, swt = recipe.quantize_pair(w, "w")
+  y = _gemm(recipe, x8, w8t, sx, swt, out_dtype, trans_b=True)
+  return y, (x8t, sxt, w8, sw)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
@@ -166,15 +183,10 @@ def _fp8_matmul(recipe, out_dtype, x_dtype, w_dtype, x, w):
 
 
 def _backward(recipe, out_dtype, x_dtype, w_dtype, saved, dy):
-  saved_x, w8, sw = saved
-  dy8, sdy = recipe.quantize(dy, "dy")
+  x8t, sxt, w8, sw = saved
+  dy8, sdy, dy8t, sdyt = recipe.quantize_pair(dy, "dy")
   dx = _gemm(recipe, dy8, w8, sdy, sw, x_dtype, trans_b=True)
-  if recipe.scaling == "tensor":
-    (x8, sx), dyw8, sdyw = saved_x, dy8, sdy
-  else:
-    x8, sx = recipe.quantize(saved_x, "x_wgrad")
-    dyw8, sdyw = recipe.quantize(dy, "dy_wgrad")
-  dw = _gemm(recipe, x8, dyw8, sx, sdyw, w_dtype, trans_a=True)
+  dw = _gemm(recipe, x8t, dy8t, sxt, sdyt, w_dtype, trans_b=True)
   return dx, dw
 
 
