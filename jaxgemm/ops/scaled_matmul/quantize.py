@@ -182,7 +182,11 @@ def _pair_xla(x, dtype, block, block_t, scale_dtype):
   q, scale = quantize(x, dtype, block, scale_dtype=scale_dtype)
   if block is None:
     return q, scale, q.T, scale
-  return (q, scale, *quantize(x.T, dtype, block_t, scale_dtype=scale_dtype))
+  # x's own blocks, then an fp8 transpose: quantizing x.T made XLA transpose the bf16
+  # x first, 10.2 ms of the block recipe's step against 2.6 ms for the Triton kernel
+  # (H100, research/probes/fp8-fused-quant/run8a).
+  q_t, scale_t = quantize(x, dtype, block_t[::-1], scale_dtype=scale_dtype)
+  return q, scale, q_t.T, scale_t.T
 
 
 def _pair_triton(x, dtype, block, block_t, scale_dtype):
