@@ -103,8 +103,11 @@ def test_vmap_quantizes_each_entry(fp8, rng):
 @pytest.mark.parametrize("fp8", RECIPES)
 def test_triton_quantizer_gives_the_same_step(fp8, rng):
   """quantize_backend="triton" (one cast-transpose kernel a tensor, Triton's interpreter
-  on the CPU) gives the xla quantizer's y, dX and dW bit for bit, under jit and vmap:
-  the same fp8 operands reach the same GEMMs. (Ragged M, K, N: partial tiles.)"""
+  on the CPU) gives the xla quantizer's y, dX and dW, under jit and vmap: bit for bit on
+  the CPU (the same fp8 operands reach the same GEMMs). On the GPU, XLA's block-scaled
+  quantize is not bit-equal to the kernel (run8b, research/probes/fp8-fused-quant;
+  diff_probe.py says which elements), so there the results agree to 2**-9 norm-wise,
+  a bf16 rounding. (Ragged M, K, N: partial tiles.)"""
   pytest.importorskip("triton")
   x, w, dy = inputs(rng, m=70, k=200, n=136)
   backend = "xla" if jax.default_backend() == "cpu" else "auto"
@@ -116,7 +119,10 @@ def test_triton_quantizer_gives_the_same_step(fp8, rng):
     vmapped = jax.vmap(f, in_axes=(0, None))(x.reshape(2, 35, -1), w)
     results.append((y, *vjp(dy), vmapped))
   for got, want, what in zip(results[1], results[0], ("y", "dx", "dw", "vmap")):
-    np.testing.assert_array_equal(np.asarray(got, F32), np.asarray(want, F32), err_msg=what)
+    if jax.default_backend() == "cpu":
+      np.testing.assert_array_equal(np.asarray(got, F32), np.asarray(want, F32), err_msg=what)
+    else:
+      assert rel_err(got, as_f64(want)) <= 2.0**-9, what
 
 
 @pytest.mark.parametrize("dtype", [np.dtype(np.float16), F32])
