@@ -34,7 +34,7 @@ The FP8 variant (`ModelConfig.fp8`; the fp8 suites run it, see fp8.py) is the de
 model whose layers' GEMMs (QKV, attention output, MLP up and down) run
 `jaxgemm.matmul(x, w, fp8=recipe, backend=...)`: each quantized on the fly to fp8 and
 run as scaled_matmul GEMMs, forward, dgrad and wgrad, with the recipe "tensor" (one
-power-of-two scale per operand, e5m2 gradients) or "block" (1x128 / 128x128 blocks, e4m3); its
+scale per operand, e5m2 gradients) or "block" (1x128 / 128x128 blocks, e4m3); its
 rows' variant is `fp8=<recipe>`. XLA's row is the same model in bf16 (`jnp.matmul`).
 The logits stay on XLA's bf16 dot in every model (FP8 recipes keep the output head
 in higher precision: DeepSeek-V3, Transformer Engine), so the steps differ only in

@@ -27,7 +27,9 @@ from jaxgemm.ops.scaled_matmul.training import Fp8Recipe
 from test_scaled_matmul import BF16, F32, check, dequantized, reference
 
 BACKENDS = jaxgemm.backends("scaled_matmul")
-RECIPES = ["tensor", "block"]
+RECIPES = ["tensor", "block",
+           pytest.param(Fp8Recipe("tensor", grad_dtype="float8_e5m2",
+                                  scale_dtype="float8_e8m0fnu"), id="tensor-pow2")]
 QUANT_TOL = {"float8_e4m3fn": 1.5 * 0.037, "float8_e5m2": 1.5 * 0.058}
 
 
@@ -149,8 +151,7 @@ def test_epilogue_runs_after_the_fp8_gemm(rng):
 
 
 def test_recipes():
-  assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2,
-                                                scale_dtype=jnp.float8_e8m0fnu)
+  assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2)
   assert Fp8Recipe.named("block").grad_dtype == "float8_e4m3fn"
   recipe = Fp8Recipe("block", dtype=jnp.float8_e5m2)
   assert recipe.dtype == "float8_e5m2" and hash(recipe) == hash(dataclasses.replace(recipe))

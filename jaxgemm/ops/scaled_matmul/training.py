@@ -66,7 +66,8 @@ class Fp8Recipe:
       (`jaxgemm.quantize`'s scale_dtype): each scale rounded up to a power of
       two, at most one binade of fp8 range lost, so that XLA's cuBLAS FP8
       GEMMs (the per-tensor recipe's mixed e5m2 x e4m3 dgrad and wgrad) write
-      bf16 directly instead of fp32 and a convert.
+      bf16 directly instead of fp32 and a convert (1.9 ms of the per-tensor
+      step on an H100, research/probes/fp8-fused-quant/run8b).
     backend: the scaled_matmul backend of all three GEMMs ("auto", "xla",
       "triton", "pallas").
     quantize_backend: who quantizes each operand in both orientations
@@ -76,8 +77,11 @@ class Fp8Recipe:
       operands).
 
   The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
-  grad_dtype=e5m2, scale_dtype=e8m0), "block" = Fp8Recipe("block",
-  grad_dtype=e4m3) (the kernels apply block scales in fp32 whatever they are).
+  grad_dtype=e5m2), "block" = Fp8Recipe("block", grad_dtype=e4m3). Faster on one
+  GPU, not the named defaults (docs/performance-notes.md, "FP8 GEMMs"):
+  scale_dtype="float8_e8m0fnu" (the per-tensor step 1.13x -> 1.205x XLA's bf16
+  step on an H100, but its loss trajectory reached the bench's 10% bound) and
+  quantize_backend="triton" (1.241x per tensor, block 0.926x -> 1.056x).
 
   >>> Fp8Recipe.named("block")
   Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto', quantize_backend='xla')
@@ -123,7 +127,7 @@ class Fp8Recipe:
     if isinstance(recipe, cls):
       return recipe
     if recipe == "tensor":
-      return cls("tensor", grad_dtype=E5M2.name, scale_dtype=E8M0.name)
+      return cls("tensor", grad_dtype=E5M2.name)
     if recipe == "block":
       return cls("block", grad_dtype=E4M3.name)
     raise ValueError(f"fp8={recipe!r} must be an Fp8Recipe or one of {SCALINGS}")
