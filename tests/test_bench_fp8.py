@@ -232,6 +232,23 @@ def test_fp8_model_is_the_dense_model_in_fp8():
   assert float(mm(x, w)[0, 0]) == 128.0
 
 
+def test_fp8_options_are_recipes_the_gpu_suite_adds_for_auto():
+  """The opt-in recipes (FP8_OPTIONS) train like the named one they extend (the Triton
+  quantizer bit for bit on the CPU); only a GPU run adds them, and only for `auto`."""
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((70, 256)), jnp.bfloat16)
+  w = jnp.asarray(np.random.default_rng(1).standard_normal((256, 136)) / 16, jnp.bfloat16)
+  block = T.make_mm("xla", "fp8=block", "bf16")(x, w)
+  fused = T.make_mm("xla", "fp8=block+triton-quantize", "bf16")(x, w)
+  np.testing.assert_array_equal(np.asarray(fused, np.float32), np.asarray(block, np.float32))
+  assert T.FP8_OPTIONS["tensor+pow2"].scale_dtype == "float8_e8m0fnu"
+  for on_gpu, backend, extra in ((True, runner.AUTO, True), (True, "xla", False),
+                                 (False, runner.AUTO, False)):
+    ctx = dataclasses.replace(_ctx([]), platform="gpu" if on_gpu else "cpu")
+    variants = [v for _, v, _ in T._fp8_runs(ctx, backend, "scaled_matmul")]
+    want = [f"fp8={r}" for r in T.FP8_RECIPES + (tuple(T.FP8_OPTIONS) if extra else ())]
+    assert variants == want, (on_gpu, backend)
+
+
 def test_fp8_training_detects_a_wrong_gemm():
   """An FP8 GEMM that contracts the wrong rows of W trains to different gradients: a failure
   row; the right one agrees (FP8's own bounds) and reports its last-step loss difference."""
