@@ -689,7 +689,10 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     backends = sorted(backends, key=lambda b: (b == "xla", b == AUTO))
   for b in backends:
     if cfg.fp8 and (b == AUTO or b in jaxgemm.backends(op)):
-      kernels += _fp8_runs(ctx, b, op)
+      runs = _fp8_runs(ctx, b, op)
+      if isinstance(variants_policy, (list, tuple)):   # --variants 'fp8=block,...'
+        runs = [r for r in runs if r[1] in variants_policy]
+      kernels += runs
       continue
     if b == AUTO:
       kernels.append((AUTO, AUTO_VARIANT, ""))

@@ -265,6 +265,11 @@ def test_fp8_training_detects_a_wrong_gemm():
   assert steps[(runner.REF, runner.REF_VARIANT)]["status"] == "ok"
   good, bad = steps[("xla", "fp8=tensor")], steps[("xla", "fp8=block")]
   assert good["status"] == "ok" and good["agree"] == 1 and good["tolerance"] == 0.10
+  rows = []   # a --variants list picks the FP8 recipes to train
+  T.run_training(_ctx(rows), ["xla"], ["fp8=tensor"], cfg=cfg, mm_factory=factory,
+                 suite="fp8-tiny")
+  assert {r["variant"] for r in rows if r["kind"] == "train_step"} == {
+      runner.REF_VARIANT, "fp8=tensor"}
   assert 0 < good["grad_rel_err"] <= T.FP8_TOLERANCES["grad"]
   assert good["loss_last_rel_diff"] == pytest.approx(
       abs(good["loss_last"] - steps[(runner.REF, runner.REF_VARIANT)]["loss_last"])
