@@ -502,3 +502,15 @@ def test_quantize_pair_is_quantize_both_ways_and_names_bad_arguments(rng):
     quantize_pair(x, E4M3, None, (1, 128))
   with pytest.raises(ValueError, match="2-D x"):
     quantize_pair(x[None], E4M3, None, None)
+
+
+@pytest.mark.parametrize("block", [None, (1, 128), (128, 128)], ids=str)
+def test_quantize_keeps_nan_in_jit(block):
+  """A NaN makes its block's scale and its own q NaN, inside jit too (XLA:CPU's jitted
+  max and clip drop NaNs: a NaN block got a finite scale and q = +-max before)."""
+  x = jnp.ones((130, 200), jnp.float32).at[129, 150].set(jnp.nan)
+  for f in (jaxgemm.quantize, jax.jit(jaxgemm.quantize, static_argnums=(1, 2))):
+    q, s = f(x, E4M3, block)
+    assert np.isnan(as_f64(q)[129, 150])
+    nan_scales = np.isnan(as_f64(s))
+    assert nan_scales.sum() == 1 and nan_scales[(..., -1, -1) if block else ()]

@@ -42,6 +42,22 @@ def pow2_ceil(s):
   return jnp.where(jnp.isfinite(s) & (s > 0), up, s)
 
 
+def _amax(x, axis=None):
+  """max |x| over `axis`, NaN where a NaN is among the values. Jitted, XLA:CPU's max
+  drops NaNs (its fast min/max: a NaN block got a finite scale), so on the CPU the NaN
+  is put back; GPUs propagate it already and keep their one reduction."""
+  plain = lambda x: jnp.max(jnp.abs(x), axis=axis)
+  nan_safe = lambda x: jnp.where(jnp.any(jnp.isnan(x), axis=axis), jnp.nan, plain(x))
+  return lax.platform_dependent(x, cpu=nan_safe, default=plain)
+
+
+def _clip(v, fmax):
+  """v clipped to +-fmax, NaN kept (XLA:CPU's jitted clip drops it, as its max does)."""
+  plain = lambda v: jnp.clip(v, -fmax, fmax)
+  return lax.platform_dependent(v, cpu=lambda v: jnp.where(jnp.isnan(v), v, plain(v)),
+                                default=plain)
+
+
 def scale_of_amax(amax, dtype, scale_dtype):
   """The float32 scale of a block whose largest |x| is `amax` (`quantize`'s rule)."""
   s = amax * np.float32(1 / float(jnp.finfo(dtype).max))
@@ -114,8 +130,8 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32)
   scale_of = lambda amax: scale_of_amax(amax, dtype, scale_dtype)
 
   if block is None:
-    scale = scale_of(jnp.max(jnp.abs(x32)) if x.size else jnp.float32(0))
-    q = jnp.clip(x32 * (1 / scale), -fmax, fmax).astype(dtype)
+    scale = scale_of(_amax(x32) if x.size else jnp.float32(0))
+    q = _clip(x32 * (1 / scale), fmax).astype(dtype)
     return q, scale.astype(scale_dtype)
   if x.ndim < 2:
     raise ValueError(f"quantize with block={block!r} blocks the last two dimensions of x; "
@@ -125,11 +141,11 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32)
   nr, nc = math.ceil(rows / br), math.ceil(cols / bc)
   padded = jnp.pad(x32, [(0, 0)] * len(lead) + [(0, nr * br - rows), (0, nc * bc - cols)])
   blocked = padded.reshape(*lead, nr, br, nc, bc)
-  amax = jnp.max(jnp.abs(blocked), axis=(-3, -1)) if blocked.size else jnp.zeros(
+  amax = _amax(blocked, axis=(-3, -1)) if blocked.size else jnp.zeros(
       (*lead, nr, nc), jnp.float32)
   scale = scale_of(amax)                                      # (..., nr, nc)
   inv = jnp.repeat(jnp.repeat(1 / scale, br, axis=-2), bc, axis=-1)[..., :rows, :cols]
-  q = jnp.clip(x32 * inv, -fmax, fmax).astype(dtype)
+  q = _clip(x32 * inv, fmax).astype(dtype)
   return q, scale.astype(scale_dtype)
 
 
