@@ -14,6 +14,7 @@ I=$R/info.txt
 { nvidia-smi -L; echo "tree: $TREE"; } > $I 2>&1
 stamp() { echo "$1 rc $2 at $SECONDS s" >> $I; }
 timeout 330 python3 -m bench --suite fp8 --only 'fp8.*' --backends auto --time-budget 320 \
+  --variants 'fp8=tensor+pow2+triton-quantize,fp8=block+triton-quantize,fp8=tensor+pow2' \
   --out $R --run-name fp8-step > $R/fp8-step.log 2>&1
 stamp fp8-step $?
 timeout $((590 - SECONDS)) python3 -m pytest -q --tb=short -p no:cacheprovider -m "gpu or slow" \
