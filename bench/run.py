@@ -211,6 +211,8 @@ def main(argv) -> int:
   if variants not in ("ladder", "best", "all"):
     variants = [v.strip() for v in variants.split(",") if v.strip()]
     known = {v for b in backends if b != runner.AUTO for v in variants_of(b)}
+    from . import training as T  # noqa: PLC0415
+    known |= {T.FP8_VARIANT_PREFIX + r for r in (*T.FP8_RECIPES, *T.FP8_OPTIONS)}
     unknown = [v for v in variants if v not in known]
     if unknown:
       raise SystemExit(f"unknown variant(s) {unknown}; variants of {backends}: {sorted(known)}")
