@@ -78,10 +78,11 @@ class Fp8Recipe:
 
   The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
   grad_dtype=e5m2), "block" = Fp8Recipe("block", grad_dtype=e4m3). Faster on one
-  GPU, not the named defaults (docs/performance-notes.md, "FP8 GEMMs"):
-  scale_dtype="float8_e8m0fnu" (the per-tensor step 1.13x -> 1.205x XLA's bf16
-  step on an H100, but its loss trajectory reached the bench's 10% bound) and
-  quantize_backend="triton" (1.241x per tensor, block 0.926x -> 1.056x).
+  GPU, not the named defaults (docs/performance-notes.md, "FP8 GEMMs"; H100,
+  CUPTI sums of the bench's FP8 step against XLA's bf16 step):
+  scale_dtype="float8_e8m0fnu" (per tensor 1.13x -> 1.205x, but its loss
+  trajectory reached the bench's 10% bound) and quantize_backend="triton" (1.241x
+  per tensor with power-of-two scales; block 0.926x -> 1.056x; not sharded).
 
   >>> Fp8Recipe.named("block")
   Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto', quantize_backend='xla')
