@@ -47,7 +47,6 @@ from jaxgemm.ops.scaled_matmul.quantize import QUANTIZE_BACKENDS, quantize_pair
 
 SCALINGS = ("tensor", "block")
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
-E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
 
 @dataclasses.dataclass(frozen=True)
