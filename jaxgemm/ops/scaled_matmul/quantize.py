@@ -170,7 +170,8 @@ def quantize_pair(x, dtype, block, block_t, *, scale_dtype=jnp.float32, backend=
     block, block_t: None (one scale, then both; the amax is XLA's reduction),
       (1, 128) or (128, 128), for x and for x^T (C, R).
     scale_dtype, dtype: as `quantize`'s.
-    backend: "xla" or "triton" (the kernel; under vmap, XLA's program).
+    backend: "xla" or "triton" (the kernel, compiled for jax's default backend, or
+      in Triton's interpreter where that is the CPU; under vmap, XLA's program).
 
   >>> import jax.numpy as jnp
   >>> x = jnp.arange(12.0).reshape(3, 4)
