@@ -5,6 +5,7 @@
 # bench.training.FP8_OPTIONS: power-of-two scales, the Triton quantizer), each timed
 # paired with XLA's bf16 step and checked for agreement (run9 found the power-of-two
 # "tensor" recipe at the trajectory gate's bound on an H100), then the FP8 GPU tier.
+# The named "block" recipe runs again: its program changed (K-major operands from quantize_pair).
 # Usage there: TREE=<commit> bash research/probes/fp8-fused-quant/run10.sh
 set -u
 make gpu-env > /tmp/env.log 2>&1
@@ -14,7 +15,7 @@ I=$R/info.txt
 { nvidia-smi -L; echo "tree: $TREE"; } > $I 2>&1
 stamp() { echo "$1 rc $2 at $SECONDS s" >> $I; }
 timeout 330 python3 -m bench --suite fp8 --only 'fp8.*' --backends auto --time-budget 320 \
-  --variants 'fp8=tensor+pow2+triton-quantize,fp8=block+triton-quantize,fp8=tensor+pow2' \
+  --variants 'fp8=tensor+pow2+triton-quantize,fp8=block+triton-quantize,fp8=block,fp8=tensor+pow2' \
   --out $R --run-name fp8-step > $R/fp8-step.log 2>&1
 stamp fp8-step $?
 timeout $((590 - SECONDS)) python3 -m pytest -q --tb=short -p no:cacheprovider -m "gpu or slow" \
