@@ -97,24 +97,17 @@ class Fp8Recipe:
   def __post_init__(self):
     if self.scaling not in SCALINGS:
       raise ValueError(f"Fp8Recipe's scaling={self.scaling!r} must be one of {SCALINGS}")
-    for field in ("dtype", "grad_dtype"):
+    for field, allowed in (("dtype", FP8_DTYPES), ("grad_dtype", FP8_DTYPES),
+                           ("scale_dtype", SCALE_DTYPES)):
       value = getattr(self, field)
       try:
         name = np.dtype(value).name
       except TypeError:
         name = None
-      if name not in [d.name for d in FP8_DTYPES]:
+      if name not in [d.name for d in allowed]:
         raise TypeError(f"Fp8Recipe's {field}={value!r} must be one of "
-                        f"{[d.name for d in FP8_DTYPES]}")
+                        f"{[d.name for d in allowed]}")
       object.__setattr__(self, field, name)   # a name: hashable, printable, serializable
-    try:
-      name = np.dtype(self.scale_dtype).name
-    except TypeError:
-      name = None
-    if name not in [d.name for d in SCALE_DTYPES]:
-      raise TypeError(f"Fp8Recipe's scale_dtype={self.scale_dtype!r} must be one of "
-                      f"{[d.name for d in SCALE_DTYPES]}")
-    object.__setattr__(self, "scale_dtype", name)
     if not isinstance(self.backend, str):
       raise TypeError(f"Fp8Recipe's backend={self.backend!r} must be a backend name")
     if self.quantize_backend not in QUANTIZE_BACKENDS:
