@@ -150,31 +150,44 @@ class EinsumRule:
   the op cannot split at all (the partitioner gathers them), e.g. a K that an
   epilogue after the reduction needs whole.
 
-  >>> EinsumRule.parse("b m k, b k n -> b m n")
-  EinsumRule(operands=(('b', 'm', 'k'), ('b', 'k', 'n')), result=('b', 'm', 'n'), replicated=())
+  >>> rule = EinsumRule.parse("b m k, b k n -> b m n")
+  >>> rule.operands, rule.result, rule.reduction
+  ((('b', 'm', 'k'), ('b', 'k', 'n')), ('b', 'm', 'n'), ('k',))
   >>> str(EinsumRule.parse("m k, k n, n -> m n"))   # with a bias over N
   'm k, k n, n -> m n'
+  >>> EinsumRule.parse("r c, -> r c, c r").results   # fp8 x and x^T, one scalar scale
+  (('r', 'c'), ('c', 'r'))
+
+  Results after the first (`more_results`) have dimensions of their own, as a
+  cast-transpose's x^T; an op whose results all share the first's dimensions
+  (a GEMM and its saved pre-activation) names just the first.
   """
 
   operands: tuple[tuple[str, ...], ...]
   result: tuple[str, ...]
   replicated: tuple[str, ...] = ()
+  more_results: tuple[tuple[str, ...], ...] = ()
 
   def __post_init__(self):
     object.__setattr__(self, "operands", tuple(tuple(dims) for dims in self.operands))
     object.__setattr__(self, "result", tuple(self.result))
     object.__setattr__(self, "replicated", tuple(self.replicated))
+    object.__setattr__(self, "more_results", tuple(tuple(dims) for dims in self.more_results))
     if not self.operands:
       raise ValueError(f"EinsumRule needs at least one operand; got operands={self.operands}")
     factors = set(self.factors)
     for name in factors | set(self.result) | set(self.replicated):
       if not isinstance(name, str) or not _FACTOR.match(name):
         raise ValueError(f"factor {name!r} must be an identifier (letters, digits, _)")
-    if missing := [f for f in self.result if f not in factors]:
-      raise ValueError(f"result factors {missing} must appear in an operand; "
-                       f"operands={self.operands}")
-    if len(set(self.result)) != len(self.result):
-      raise ValueError(f"result={self.result} must name each factor once")
+    for result in self.results:
+      if missing := [f for f in result if f not in factors]:
+        raise ValueError(f"result factors {missing} must appear in an operand; "
+                         f"operands={self.operands}")
+      if len(set(result)) != len(result):
+        raise ValueError(f"result={result} must name each factor once")
+    if self.more_results and self.reduction:
+      raise ValueError(f"a rule with several results of their own dimensions reduces "
+                       f"nothing; {self.reduction} are in no result")
     if unknown := [f for f in self.replicated if f not in factors]:
       raise ValueError(f"replicated={self.replicated} must name operand factors; "
                        f"{unknown} are not among {sorted(factors)}")
@@ -185,8 +198,9 @@ class EinsumRule:
     if text.count("->") != 1:
       raise ValueError(f"rule text={text!r} must read 'operand, operand -> result'")
     lhs, rhs = text.split("->")
-    return cls(tuple(tuple(part.split()) for part in lhs.split(",")), tuple(rhs.split()),
-               tuple(replicated))
+    first, *more = (tuple(part.split()) for part in rhs.split(","))
+    return cls(tuple(tuple(part.split()) for part in lhs.split(",")), first,
+               tuple(replicated), tuple(more))
 
   @property
   def factors(self) -> tuple[str, ...]:
@@ -194,12 +208,18 @@ class EinsumRule:
     return tuple(dict.fromkeys(f for dims in self.operands for f in dims))
 
   @property
+  def results(self) -> tuple[tuple[str, ...], ...]:
+    """Every result's factors: the first's, then `more_results`."""
+    return (self.result, *self.more_results)
+
+  @property
   def reduction(self) -> tuple[str, ...]:
-    """The contracted factors: in an operand, not in the result."""
-    return tuple(f for f in self.factors if f not in self.result)
+    """The contracted factors: in an operand, in no result."""
+    return tuple(f for f in self.factors if all(f not in r for r in self.results))
 
   def __str__(self):
-    return ", ".join(" ".join(dims) for dims in self.operands) + " -> " + " ".join(self.result)
+    return (", ".join(" ".join(dims) for dims in self.operands) + " -> "
+            + ", ".join(" ".join(dims) for dims in self.results))
 
 
 def _axes_of(entry) -> tuple[str, ...]:
@@ -246,6 +266,12 @@ class Plan:
     if self.scatter_dim is not None:
       spec[self.scatter_dim] = _entry(self.reduce_axes)
     return P(*spec)
+
+  @property
+  def results(self) -> tuple[P, ...]:
+    """Every result's sharding: `result`, then those of the rule's `more_results`
+    (which reduce nothing)."""
+    return (self.result, *(self.spec(dims) for dims in self.rule.more_results))
 
   @property
   def reduce_axes(self) -> tuple[str, ...]:
@@ -316,7 +342,8 @@ def shardy_rule(rule: EinsumRule, num_results: int = 1) -> tuple[str, dict]:
 
   A factor may be in one of Shardy's sets only: one that is never sharded is
   "need replication", not also a reduction. An op with several results gives
-  each the rule's result dimensions (a GEMM and its saved pre-activation).
+  each the rule's result dimensions (a GEMM and its saved pre-activation),
+  unless the rule names each result's own (`more_results`).
 
   >>> shardy_rule(EinsumRule.parse("m k, k n, s -> m n", replicated=("s",)))
   ('m k, k n, s -> m n', {'reduction_factors': ('k',), 'need_replication_factors': ('s',)})
@@ -324,7 +351,10 @@ def shardy_rule(rule: EinsumRule, num_results: int = 1) -> tuple[str, dict]:
   'm k, k n -> m n, m n'
   """
   text = str(rule)
-  if num_results > 1:
+  if rule.more_results:
+    if num_results != len(rule.results):
+      raise ValueError(f"rule {rule} has {len(rule.results)} results; the op has {num_results}")
+  elif num_results > 1:
     lhs, result = text.split(" -> ")
     text = f"{lhs} -> {', '.join([result] * num_results)}"
   return text, dict(
@@ -515,8 +545,15 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
 
   multiple = primitive.multiple_results
   # Several results (a GEMM and its saved pre-activation) share the rule's result
-  # dimensions and the sharding the first one is given.
+  # dimensions and the sharding the first one is given, unless the rule names
+  # each one's own (`EinsumRule.more_results`: a cast-transpose's x^T).
   first = lambda results: results[0] if multiple else results
+
+  def result_shardings(mesh, the_plan, count):
+    if the_plan.rule.more_results:
+      return [NamedSharding(mesh, spec) for spec in the_plan.results]
+    result = NamedSharding(mesh, the_plan.result)
+    return [result] * count if multiple else result
 
   def partition(params, mesh, arg_shapes, result_shape):
     params = dict(params)
@@ -538,8 +575,7 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
             x, the_plan.reduce_axes, scatter_dimension=the_plan.scatter_dim, tiled=True), out)
       return lax.psum(out, the_plan.reduce_axes) if the_plan.reduce_axes else out
 
-    result = NamedSharding(mesh, the_plan.result)
-    return (mesh, lower_fn, [result] * len(result_shape) if multiple else result,
+    return (mesh, lower_fn, result_shardings(mesh, the_plan, len(result_shape) if multiple else 1),
             tuple(NamedSharding(mesh, s) for s in the_plan.operands))
 
   def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):   # GSPMD
@@ -548,8 +584,7 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
     the_plan = plan(rule_of(**dict(params)),
                     [_spec_of(x, f"operand {i}", unknown_is_replicated=True)
                      for i, x in enumerate(arg_shapes)])
-    result = NamedSharding(mesh, the_plan.result)
-    return [result] * len(result_shape) if multiple else result
+    return result_shardings(mesh, the_plan, len(result_shape) if multiple else 1)
 
   def sharding_rule(params, mesh, operand_types, result_types):   # Shardy
     return shardy_rule(rule_of(**dict(params)), len(result_types) if multiple else 1)

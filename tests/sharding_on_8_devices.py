@@ -21,6 +21,8 @@ on a 1-device mesh.
 from __future__ import annotations
 
 import functools
+import importlib
+import math
 import pathlib
 import re
 
@@ -706,6 +708,73 @@ def test_fp8_training_path_shards_its_three_gemms(partitioner, fp8):
                   if p.op == "jaxgemm_scaled_matmul"})
   # forward (M/2, K, N/4); dgrad dY W^T (M/2, N/4 summed over "y", K); wgrad (K, M/2, N/4)
   assert local == sorted({(m // 2, k, n // 4), (m // 2, n // 4, k), (k, m // 2, n // 4)}), local
+
+
+@pytest.fixture
+def quantizer_as_xla(monkeypatch):
+  """The per-tensor cast-transpose's kernel replaced by XLA's math on the local shard
+  (the Triton interpreter cannot run inside a partitioned lowering here: the module
+  docstring), so the partitioning around it is what runs; the given scale is used,
+  as the kernel uses it, and never recomputed from the shard."""
+  quantize_module = importlib.import_module("jaxgemm.ops.scaled_matmul.quantize")
+
+  def xla_kernel(x, scale, *, dtype, scale_dtype, platform):
+    del platform
+    inv = 1 / scale.astype(scale_dtype).astype(F32)
+    q = quantize_module._clip(x.astype(F32) * inv, float(jnp.finfo(dtype).max)).astype(dtype)
+    return q, q.T
+  monkeypatch.setattr(quantize_module, "_cast_transpose_kernel", xla_kernel)
+
+
+@pytest.mark.parametrize("spec", [P("x", None), P(None, "y"), P("x", "y"), P(("x", "y"), None)],
+                         ids=str)
+def test_triton_quantizer_per_tensor_quantizes_each_shard_in_place(partitioner, spec,
+                                                                   quantizer_as_xla):
+  """quantize_pair(..., backend="triton") per tensor: the amax is one all-reduce, each
+  device casts and transposes its own block (q keeps x's sharding, q^T the transposed
+  one), and nothing is gathered; the values equal the unsharded XLA quantizer's."""
+  from jaxgemm.ops.scaled_matmul.quantize import quantize_pair
+  mesh = auto_mesh((2, 4), ("x", "y"))
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((64, 96)) * 3, jnp.bfloat16)
+  pair = lambda x, backend: quantize_pair(x, jnp.float8_e4m3fn, None, None,
+                                          scale_dtype=jnp.float8_e8m0fnu, backend=backend)
+  want = jax.jit(lambda x: pair(x, "xla"))(x)
+  placed = jax.device_put(x, NamedSharding(mesh, spec))
+  with sharding.recording_local_problems() as seen:
+    compiled = jax.jit(lambda x: pair(x, "triton")).lower(placed).compile()
+  got = compiled(placed)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g, F32), np.asarray(w, F32))
+  (local,) = {p.shapes for p in seen if p.op == "jaxgemm_cast_transpose"}
+  shards = lambda entry: math.prod({"x": 2, "y": 4}[a] for a in sharding._axes_of(entry))
+  assert local == ((64 // shards(spec[0]), 96 // shards(spec[1])), ()), local
+  assert got[0].sharding.is_equivalent_to(NamedSharding(mesh, spec), 2), got[0].sharding
+  assert got[2].sharding.is_equivalent_to(NamedSharding(mesh, P(spec[1], spec[0])), 2)
+  found = collectives(compiled.as_text())
+  assert set(found) == {"all-reduce"}, found   # the amax
+
+
+def test_fp8_training_with_the_triton_quantizer_gathers_nothing(partitioner, quantizer_as_xla):
+  """The per-tensor recipe with the Triton quantizer, data x tensor parallel: no
+  floating operand is gathered (each quantization runs on its device's block), and the
+  loss and gradients equal XLA's quantizer's, sharded the same way."""
+  mesh = auto_mesh((2, 4), ("x", "y"))
+  r = np.random.default_rng(3)
+  x = jnp.asarray(r.standard_normal((512, 256)), jnp.bfloat16)
+  w = jnp.asarray(r.standard_normal((256, 512)) / 16, jnp.bfloat16)
+  placed = (jax.device_put(x, NamedSharding(mesh, P("x", None))),
+            jax.device_put(w, NamedSharding(mesh, P(None, "y"))))
+
+  def step(quantize_backend):
+    recipe = jaxgemm.Fp8Recipe("tensor", grad_dtype="float8_e5m2",
+                               scale_dtype="float8_e8m0fnu", quantize_backend=quantize_backend)
+    loss = lambda x, w: (jaxgemm.matmul(x, w, fp8=recipe, backend="xla").astype(F32) ** 2).sum()
+    return jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*placed).compile()
+  compiled = step("triton")
+  assert not float_gathers(compiled.as_text())
+  got, want = compiled(*placed), step("xla")(*placed)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g, F32), np.asarray(w, F32))
 
 
 # ---------------------------------------------------------------- the benchmark's suite

@@ -68,8 +68,23 @@ def test_rule_parses_einsum_text_and_names_its_reduction():
   assert str(rule) == "b m k, b k n, n -> b m n"
 
 
+def test_rule_with_results_of_their_own_dimensions():
+  """A cast-transpose: q keeps x's sharding and q^T takes its transpose; Shardy gets
+  each result's factors."""
+  rule = sharding.EinsumRule.parse("r c, -> r c, c r")
+  assert rule.operands == (("r", "c"), ()) and rule.results == (("r", "c"), ("c", "r"))
+  assert rule.reduction == () and str(rule) == "r c,  -> r c, c r"
+  p = sharding.plan(rule, [P("d", "e"), P()])
+  assert p.results == (P("d", "e"), P("e", "d"))
+  text, _ = sharding.shardy_rule(rule, num_results=2)
+  assert text.endswith("-> r c, c r")
+  with pytest.raises(ValueError, match="has 2 results; the op has 3"):
+    sharding.shardy_rule(rule, num_results=3)
+
+
 @pytest.mark.parametrize("text, replicated, match", [
     ("m k, k n", (), "must read 'operand, operand -> result'"),
+    ("m k, k n -> m, n", (), "reduces nothing"),
     ("m k, k n -> m x", (), r"result factors \['x'\] must appear in an operand"),
     ("m k, k n -> m m", (), "must name each factor once"),
     ("m k-1, k n -> m n", (), "must be an identifier"),
