@@ -245,16 +245,14 @@ CPU_FP8_MODEL = ModelConfig(batch=2, seq=16, d_model=64, n_heads=4, d_ff=160, n_
 # The recipes each backend trains with (variant label "fp8=<recipe>").
 FP8_RECIPES = ("tensor", "block")
 FP8_VARIANT_PREFIX = "fp8="
-# Opt-in recipes that were faster on one GPU (CUPTI sums of one step, H100, against
-# XLA's bf16 step: tensor 1.130x, +pow2 1.205x, +pow2+triton-quantize 1.241x; block
-# 0.926x, +triton-quantize 1.056x; research/probes/fp8-fused-quant/run8b): the GPU
-# suite runs them for `auto` beside the named ones, with the same agreement checks.
+# Recipes the GPU suite trains for `auto` beside the named ones, with the same checks:
+# the per-tensor recipe as it was named before run10 (float32 scales, XLA's quantizer:
+# 1.15x of XLA's bf16 step against the named one's 1.25x, H100, paired, run10), and
+# block scales with the Triton quantizer, which gathers a sharded operand (1.09x against
+# the named block recipe's 0.95x on one H100, run10).
 FP8_OPTIONS = {
-    "tensor+pow2": jaxgemm.Fp8Recipe("tensor", grad_dtype="float8_e5m2",
-                                     scale_dtype="float8_e8m0fnu"),
-    "tensor+pow2+triton-quantize": jaxgemm.Fp8Recipe(
-        "tensor", grad_dtype="float8_e5m2", scale_dtype="float8_e8m0fnu",
-        quantize_backend="triton"),
+    "tensor+f32-scales": jaxgemm.Fp8Recipe("tensor", grad_dtype="float8_e5m2",
+                                           quantize_backend="xla"),
     "block+triton-quantize": jaxgemm.Fp8Recipe("block", quantize_backend="triton"),
 }
 # The FP8 rows' agreement with XLA's bf16 model (the bf16 bounds, TRAJECTORY_TOL and
@@ -263,8 +261,14 @@ FP8_OPTIONS = {
 # step 0's loss within 1e-2 (the loss of near-uniform logits hardly moves under their
 # rounding), step 0's gradients within 0.25 (about 4x one e4m3 x e5m2 GEMM's relative
 # error, ~0.06, which the layers' backward chain compounds; a transposed or wrongly
-# scaled operand is off by O(1)), and no step's loss more than 10% off (divergence).
+# scaled operand is off by O(1)), and the loss's running mean over 10 steps never more
+# than 10% off (divergence). Not each step's loss: from step 26 to 38 this model's loss
+# oscillates, and XLA's bf16 step against itself (same program, seed and card, two runs)
+# differed by up to 8.1% at a single step and 3.1% in the 10-step mean; the FP8 recipes
+# by 7.1-10.0% and 1.9-4.5% (H100 runs 9, 10 and 10b, H200 run3;
+# research/probes/fp8-fused-quant/README.md). The single-step maximum is still reported.
 FP8_TOLERANCES = {"trajectory": 0.10, "grad": 0.25, "loss0": 1e-2}
+FP8_TRAJECTORY_WINDOW = 10
 
 
 def fp8_model(on_gpu: bool, quick: bool = False) -> ModelConfig:
@@ -824,20 +828,25 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
       bar.update(f"{backend}/{variant}")
       continue
     n = len(losses)
-    rel = [abs(a - b) / abs(b) for a, b in zip(losses, ref_losses[:n])]
-    max_rel = max(rel) if rel and all(math.isfinite(x) for x in rel) else float("nan")
+    max_rel = _max_rel_diff(losses, ref_losses[:n])
+    gated = _max_rel_diff(*(_running_mean(x, FP8_TRAJECTORY_WINDOW) for x in
+                            (losses, ref_losses[:n]))) if cfg.fp8 else max_rel
     grad_err = _tree_rel_err(grads0, ref_grads0)
     loss0_rel = abs(losses[0] - ref_losses[0]) / abs(ref_losses[0])
     # the last step both ran (a CPU run may stop early)
     last_rel = abs(losses[-1] - ref_losses[n - 1]) / abs(ref_losses[n - 1])
-    agree = max_rel <= traj_tol and grad_err <= grad_tol and loss0_rel <= loss0_tol
+    agree = gated <= traj_tol and grad_err <= grad_tol and loss0_rel <= loss0_tol
     r.update(loss_first=losses[0], loss_last=losses[-1], loss_max_rel_diff=max_rel,
              loss_last_rel_diff=last_rel,
              grad_rel_err=grad_err, loss0_rel_diff=loss0_rel, error=max_rel,
              compile_s=info["compile_s"], agree=int(agree), steps=n, timer=ctx.timer.label)
+    trajectory = (f"max rel diff of the {FP8_TRAJECTORY_WINDOW}-step mean loss {gated:.3g}"
+                  if cfg.fp8 else f"max loss rel diff {max_rel:.3g}")
+    if cfg.fp8:
+      r["note"] = "; ".join(x for x in (r["note"], trajectory) if x)
     if not agree:
       r.update(status=STATUS_FAIL,
-               note=(f"disagrees with XLA: max loss rel diff {max_rel:.3g} (tol {traj_tol:g}), "
+               note=(f"disagrees with XLA: {trajectory} (tol {traj_tol:g}), "
                      f"step-0 grad rel err {grad_err:.3g} (tol {grad_tol:g}), "
                      f"step-0 loss rel diff {loss0_rel:.3g} (tol {loss0_tol:g})"))
     elif stats is None:
@@ -855,6 +864,18 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     bar.update(f"{backend}/{variant}")
   bar.close()
   return rows
+
+
+def _max_rel_diff(values, ref) -> float:
+  """max |value - ref| / |ref| over the steps both have; nan if any is not finite."""
+  rel = [abs(a - b) / abs(b) for a, b in zip(values, ref)]
+  return max(rel) if rel and all(math.isfinite(x) for x in rel) else float("nan")
+
+
+def _running_mean(values, window: int) -> list[float]:
+  """The means of each `window` consecutive values (all of them where fewer)."""
+  window = min(window, len(values))
+  return [sum(values[i:i + window]) / window for i in range(len(values) - window + 1)]
 
 
 def _fp8_runs(ctx: Context, backend: str, op: str) -> list[tuple[str, str, str]]:

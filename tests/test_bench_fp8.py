@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -240,13 +241,27 @@ def test_fp8_options_are_recipes_the_gpu_suite_adds_for_auto():
   block = T.make_mm("xla", "fp8=block", "bf16")(x, w)
   fused = T.make_mm("xla", "fp8=block+triton-quantize", "bf16")(x, w)
   np.testing.assert_array_equal(np.asarray(fused, np.float32), np.asarray(block, np.float32))
-  assert T.FP8_OPTIONS["tensor+pow2"].scale_dtype == "float8_e8m0fnu"
+  assert T.FP8_OPTIONS["tensor+f32-scales"].scale_dtype == "float32"
   for on_gpu, backend, extra in ((True, runner.AUTO, True), (True, "xla", False),
                                  (False, runner.AUTO, False)):
     ctx = dataclasses.replace(_ctx([]), platform="gpu" if on_gpu else "cpu")
     variants = [v for _, v, _ in T._fp8_runs(ctx, backend, "scaled_matmul")]
     want = [f"fp8={r}" for r in T.FP8_RECIPES + (tuple(T.FP8_OPTIONS) if extra else ())]
     assert variants == want, (on_gpu, backend)
+
+
+def test_fp8_trajectory_gate_takes_the_running_mean():
+  """The FP8 rows' trajectory check: a loss that oscillates around XLA's (this model's
+  steps 26-38) passes, a sustained 12% offset or a NaN fails."""
+  ref = [5.0 + 0.01 * i for i in range(40)]
+  gate = lambda losses: T._max_rel_diff(*(T._running_mean(x, T.FP8_TRAJECTORY_WINDOW)
+                                          for x in (losses, ref)))
+  wobble = [r * (1 + 0.11 * (-1) ** i) for i, r in enumerate(ref)]
+  assert T._max_rel_diff(wobble, ref) > T.FP8_TOLERANCES["trajectory"] > gate(wobble)
+  drift = [r * (1.12 if i >= 20 else 1) for i, r in enumerate(ref)]
+  assert gate(drift) > T.FP8_TOLERANCES["trajectory"]
+  assert math.isnan(gate(ref[:10] + [float("nan")] + ref[11:]))
+  assert T._running_mean([1.0, 2.0, 3.0], 10) == [2.0]
 
 
 def test_fp8_training_detects_a_wrong_gemm():

@@ -28,8 +28,8 @@ from test_scaled_matmul import BF16, F32, check, dequantized, reference
 
 BACKENDS = jaxgemm.backends("scaled_matmul")
 RECIPES = ["tensor", "block",
-           pytest.param(Fp8Recipe("tensor", grad_dtype="float8_e5m2",
-                                  scale_dtype="float8_e8m0fnu"), id="tensor-pow2")]
+           pytest.param(Fp8Recipe("tensor", grad_dtype="float8_e5m2", scale_dtype="float32"),
+                        id="tensor-f32-scales")]
 QUANT_TOL = {"float8_e4m3fn": 1.5 * 0.037, "float8_e5m2": 1.5 * 0.058}
 
 
@@ -151,11 +151,24 @@ def test_epilogue_runs_after_the_fp8_gemm(rng):
 
 
 def test_recipes():
-  assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2)
+  assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2,
+                                                scale_dtype=jnp.float8_e8m0fnu)
   assert Fp8Recipe.named("block").grad_dtype == "float8_e4m3fn"
   recipe = Fp8Recipe("block", dtype=jnp.float8_e5m2)
   assert recipe.dtype == "float8_e5m2" and hash(recipe) == hash(dataclasses.replace(recipe))
   assert Fp8Recipe.named(recipe) is recipe
+
+
+def test_auto_quantizer_is_the_kernel_per_tensor_on_a_gpu(monkeypatch):
+  """"auto" takes the Triton cast-transpose where it partitions with its operand (per
+  tensor) on a GPU, and XLA's quantizer for block scales and on the CPU."""
+  recipe = Fp8Recipe.named("tensor")
+  assert recipe.quantize_backend == "auto"
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  assert recipe._quantizer(None) == "xla"
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert recipe._quantizer(None) == "triton" and recipe._quantizer((1, 128)) == "xla"
+  assert dataclasses.replace(recipe, quantize_backend="xla")._quantizer(None) == "xla"
 
 
 @pytest.mark.parametrize("call,error,match", [

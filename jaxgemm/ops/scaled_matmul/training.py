@@ -22,7 +22,9 @@ byte per element. How the scales cover the operands is the recipe's:
 With block scales, the wgrad's operands are blocked along M, its contraction
 (the DeepSeek-V3 recipe quantizes its wgrad inputs along the contraction too).
 `Fp8Recipe.quantize_backend` picks who quantizes: XLA, or one Triton kernel per
-tensor that reads it once and writes both orientations.
+tensor that reads it once and writes both orientations ("auto": the kernel for
+per-tensor scales on a GPU, where it partitions with a sharded operand; XLA
+otherwise).
 
 Gradients come out in the primals' dtypes, the result in `out_dtype` (the
 promoted input dtype, as jnp.matmul's). jit, grad (first order; the VJP is a
@@ -47,6 +49,7 @@ from jaxgemm.ops.scaled_matmul.quantize import QUANTIZE_BACKENDS, quantize_pair
 
 SCALINGS = ("tensor", "block")
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
+E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,20 +74,23 @@ class Fp8Recipe:
       "triton", "pallas").
     quantize_backend: who quantizes each operand in both orientations
       (`quantize_pair`): "xla" (jnp: XLA fuses the amaxes, casts and fp8
-      transposes into its own passes) or "triton" (one cast-transpose kernel per
-      tensor; its custom call has no sharding rule, so keep "xla" for sharded
-      operands).
+      transposes into its own passes), "triton" (one cast-transpose kernel per
+      tensor), or "auto": "triton" for per-tensor scales on a GPU, "xla"
+      otherwise. The per-tensor kernel partitions like its operand (each device
+      casts its own block); the block-scaled one does not, and a sharded
+      operand is gathered for it, so "triton" with block scales is for
+      unsharded operands (one GPU: block step 0.95x -> 1.09x of XLA's bf16 step,
+      H100, run10).
 
   The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
-  grad_dtype=e5m2), "block" = Fp8Recipe("block", grad_dtype=e4m3). Faster on one
-  GPU, not the named defaults (docs/performance-notes.md, "FP8 GEMMs"; H100,
-  CUPTI sums of the bench's FP8 step against XLA's bf16 step):
-  scale_dtype="float8_e8m0fnu" (per tensor 1.13x -> 1.205x, but its loss
-  trajectory reached the bench's 10% bound) and quantize_backend="triton" (1.241x
-  per tensor with power-of-two scales; block 0.926x -> 1.056x; not sharded).
+  grad_dtype=e5m2, scale_dtype=e8m0) and "block" = Fp8Recipe("block",
+  grad_dtype=e4m3). Per tensor, the power-of-two scales and the Triton
+  quantizer took the bench's FP8 step from 1.15x to 1.25x of XLA's bf16 step
+  (H100, paired timing, research/probes/fp8-fused-quant/run10), the loss after
+  100 steps 0.12% from bf16's.
 
   >>> Fp8Recipe.named("block")
-  Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto', quantize_backend='xla')
+  Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto', quantize_backend='auto')
   """
 
   scaling: str = "block"
@@ -92,7 +98,7 @@ class Fp8Recipe:
   grad_dtype: str = "float8_e4m3fn"
   scale_dtype: str = "float32"
   backend: str = "auto"
-  quantize_backend: str = "xla"
+  quantize_backend: str = "auto"
 
   def __post_init__(self):
     if self.scaling not in SCALINGS:
@@ -110,9 +116,9 @@ class Fp8Recipe:
       object.__setattr__(self, field, name)   # a name: hashable, printable, serializable
     if not isinstance(self.backend, str):
       raise TypeError(f"Fp8Recipe's backend={self.backend!r} must be a backend name")
-    if self.quantize_backend not in QUANTIZE_BACKENDS:
+    if self.quantize_backend not in ("auto", *QUANTIZE_BACKENDS):
       raise ValueError(f"Fp8Recipe's quantize_backend={self.quantize_backend!r} must be one "
-                       f"of {QUANTIZE_BACKENDS}")
+                       f"of {('auto', *QUANTIZE_BACKENDS)}")
 
   @classmethod
   def named(cls, recipe) -> "Fp8Recipe":
@@ -120,7 +126,7 @@ class Fp8Recipe:
     if isinstance(recipe, cls):
       return recipe
     if recipe == "tensor":
-      return cls("tensor", grad_dtype=E5M2.name)
+      return cls("tensor", grad_dtype=E5M2.name, scale_dtype=E8M0.name)
     if recipe == "block":
       return cls("block", grad_dtype=E4M3.name)
     raise ValueError(f"fp8={recipe!r} must be an Fp8Recipe or one of {SCALINGS}")
@@ -142,7 +148,14 @@ class Fp8Recipe:
     if block_t is not None:
       block_t = block_t[::-1]   # quantize's block over x^T
     return quantize_pair(x, dtype, block, block_t, scale_dtype=self.scale_dtype,
-                         backend=self.quantize_backend)
+                         backend=self._quantizer(block))
+
+  def _quantizer(self, block) -> str:
+    if self.quantize_backend != "auto":
+      return self.quantize_backend
+    # Per tensor, the kernel saved 0.8 ms of the step over XLA's quantizer (H100,
+    # run8b) and partitions with its operand; the block-scaled one would gather it.
+    return "triton" if block is None and jax.default_backend() == "gpu" else "xla"
 
 
 def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype) -> jax.Array:
