@@ -6,17 +6,22 @@ scales expanded here by their block sizes (independently of the library).
 Tolerances (element-wise against |A| @ |B| of the dequantized operands, and
 norm-wise, `gemm_testing.assert_gemm_close`): the output's one rounding
 (OUT_STEP: half a step of out_dtype, relative to |ref| <= |A| @ |B|) plus
-ACC_TOL = 2**-11 for the accumulation. fp32 accumulation's own error is about
+ACC_TOL = 2**-10 for the accumulation. fp32 accumulation's own error is about
 sqrt(K) * 2**-24 <= 2**-17 of |A| @ |B| at K = 16384 (random signs; the xla
 backend measures far below, see test_accumulation_stays_at_fp32_level). The
 allowance is for kernels on Hopper, whose FP8 tensor cores keep about 14 bits
 while accumulating (DeepSeek-V3 report): promoted to fp32 every 128 of K, each
-interval's sum carries that precision's error, which does not grow with K. On
-the H200 the promoted kernels read 1.2e-4 to 3.1e-4 of ||ref|| norm-wise with
-fp32 outputs, 1.23e-4 at K = 1024 and 1.28e-4 at K = 16384 (the GPU tier's
-log, research/probes/fp8-step-2026-11-26/run2/fp8-gpu-tier.log): 2**-13, the
-bound before that run, was below the hardware's own level, 2**-11 (4.9e-4) is
-1.6x above the worst. Unpromoted, the error grows with K (about 2% of the
+interval's sum carries that precision's error, which does not grow with K. The
+worst element is where one interval is most of the sum (K near 128): there
+every promoted kernel, Pallas and Triton alike, read up to 7.4e-4 (1.5 *
+2**-11) of |A| @ |B| element-wise, in 37-43 of 122880 elements at K = 130, and
+at most 2.2e-4 at K = 1024 and 4096 (H100, 30 seeds of the operands below,
+research/probes/fp8-fused-quant/run11a `acc_probe.py`); norm-wise they read
+at most 3.6e-4 there, and 1.2e-4 to 3.1e-4 on the H200 (research/probes/
+fp8-step-2026-11-26/run2/fp8-gpu-tier.log). 2**-11, the bound before run11a,
+was set from those norm-wise readings and failed element-wise on an H100
+(run10's tier: 6 of 4000 elements, 1.2x over); 2**-10 (9.8e-4) is 1.3x above
+the worst element read. Unpromoted, the error grows with K (about 2% of the
 result at K = 4096 in the report); test_accumulation_stays_at_fp32_level checks
 that it does not grow from K = 1024 to 16320, and the pallas file's promotion
 test compares against an emulated unpromoted accumulator.
@@ -40,7 +45,7 @@ pytestmark = pytest.mark.op("scaled_matmul")
 
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
 BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
-ACC_TOL = 2.0**-11
+ACC_TOL = 2.0**-10
 OUT_STEP = {BF16: 2.0**-8, F16: 2.0**-11, F32: 2.0**-24}
 # quantize's block for each scale kind, for a (stored (M, K)) and b (stored (K, N)).
 A_BLOCK = {"tensor": None, "row_col": (1, None), "block": (1, 128)}
