@@ -20,6 +20,7 @@ on a 1-device mesh.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import math
@@ -476,6 +477,12 @@ def test_readme_sharding_example_runs_as_written():
 
 # ---------------------------------------------------------------- ragged_dot
 
+def _gathered_sizes(hlo: str) -> list[int]:
+  """The element counts of every all-gather's result."""
+  return [math.prod(int(d) for d in dims.split(",") if d) for dims in re.findall(
+      r"= \w+\[([\d,]*)\][^=]*? all-gather(?:-start)?\(", hlo)]
+
+
 def float_gathers(hlo: str) -> list[str]:
   """The all-gathers of floating arrays (operands); the group bounds' few int32 may move."""
   return re.findall(r"= (?:f64|f32|bf16|f16)\[[^\]]*\][^=]*? all-gather(?:-start)?\(", hlo)
@@ -712,18 +719,22 @@ def test_fp8_training_path_shards_its_three_gemms(partitioner, fp8):
 
 @pytest.fixture
 def quantizer_as_xla(monkeypatch):
-  """The per-tensor cast-transpose's kernel replaced by XLA's math on the local shard
-  (the Triton interpreter cannot run inside a partitioned lowering here: the module
-  docstring), so the partitioning around it is what runs; the given scale is used,
-  as the kernel uses it, and never recomputed from the shard."""
+  """The cast-transpose kernel replaced by XLA's math on the local shard (the Triton
+  interpreter cannot run inside a partitioned lowering here: the module docstring), so
+  the partitioning around it is what runs. Per tensor the given scale is used, as the
+  kernel uses it, and never recomputed from the shard; in blocks, the shard's own."""
+  module = importlib.import_module("jaxgemm.ops.scaled_matmul.cast_transpose")
   quantize_module = importlib.import_module("jaxgemm.ops.scaled_matmul.quantize")
 
-  def xla_kernel(x, scale, *, dtype, scale_dtype, platform):
+  def xla_kernel(x, scale, *, dtype, scale_dtype, modes, platform):
     del platform
-    inv = 1 / scale.astype(scale_dtype).astype(F32)
-    q = quantize_module._clip(x.astype(F32) * inv, float(jnp.finfo(dtype).max)).astype(dtype)
-    return q, q.T
-  monkeypatch.setattr(quantize_module, "_cast_transpose_kernel", xla_kernel)
+    if modes == ("tensor", "tensor"):
+      inv = 1 / scale.astype(scale_dtype).astype(F32)
+      q = quantize_module._clip(x.astype(F32) * inv, float(jnp.finfo(dtype).max)).astype(dtype)
+      return q, q.T
+    block = {"row": (1, 128), "tile": (128, 128)}
+    return quantize_module._pair_xla(x, dtype, block[modes[0]], block[modes[1]], scale_dtype)
+  monkeypatch.setattr(module, "_kernel", xla_kernel)
 
 
 @pytest.mark.parametrize("spec", [P("x", None), P(None, "y"), P("x", "y"), P(("x", "y"), None)],
@@ -754,10 +765,54 @@ def test_triton_quantizer_per_tensor_quantizes_each_shard_in_place(partitioner, 
   assert set(found) == {"all-reduce"}, found   # the amax
 
 
-def test_fp8_training_with_the_triton_quantizer_gathers_nothing(partitioner, quantizer_as_xla):
-  """The per-tensor recipe with the Triton quantizer, data x tensor parallel: no
-  floating operand is gathered (each quantization runs on its device's block), and the
-  loss and gradients equal XLA's quantizer's, sharded the same way."""
+@pytest.mark.parametrize("modes", [("row", "row"), ("tile", "tile"), ("row", "tile")], ids=str)
+@pytest.mark.parametrize("shape, spec, kernel_shape", [
+    pytest.param((512, 1024), P("x", "y"), (256, 256), id="whole-blocks-each"),
+    pytest.param((512, 1000), P("x", "y"), (256, 1000), id="columns-not-whole-blocks"),
+    pytest.param((255, 512), P("x", None), (255, 512), id="rows-padded"),
+    pytest.param((384, 768), P(None, ("x", "y")), (384, 768), id="columns-over-both-axes"),
+])
+def test_triton_quantizer_in_blocks_quantizes_whole_blocks_in_place(
+    partitioner, modes, shape, spec, kernel_shape, quantizer_as_xla):
+  """Block scales: a device whose rows and columns are whole 128-blocks quantizes its
+  own block of x (only the scales' block dimensions are gathered: 1/128 of x or less);
+  a dimension that is not (1000 columns over 4, 255 rows padded over 2, 768 over 8) is
+  gathered for the kernel, as XLA's partitioner did for the bare call, and the results
+  sliced back. Bit-equal to the unsharded XLA quantizer, q and q^T sharded like x."""
+  from jaxgemm.ops.scaled_matmul.quantize import quantize_pair
+  mesh = auto_mesh((2, 4), ("x", "y"))
+  x = jnp.asarray(np.random.default_rng(4).standard_normal(shape) * 3, jnp.bfloat16)
+  blocks = {"row": (1, 128), "tile": (128, 128)}
+  pair = lambda x, backend: quantize_pair(x, jnp.float8_e4m3fn, blocks[modes[0]],
+                                          blocks[modes[1]], backend=backend)
+  want = jax.jit(lambda x: pair(x, "xla"))(x)
+  # A padded dimension comes from the program (device_put takes even shards only).
+  source = jnp.pad(x, [(0, -n % 8) for n in shape])
+  placed = jax.device_put(source, NamedSharding(mesh, spec))
+  cut = lambda x: lax.with_sharding_constraint(x[:shape[0], :shape[1]], NamedSharding(mesh, spec))
+  with sharding.recording_local_problems() as seen:
+    compiled = jax.jit(lambda x: pair(cut(x), "triton")).lower(placed).compile()
+  got = compiled(placed)
+  for g, w in zip(got, want):
+    assert g.shape == w.shape
+    np.testing.assert_array_equal(np.asarray(g, F32), np.asarray(w, F32))
+  (local,) = {p.shapes[0] for p in seen if p.op == "jaxgemm_cast_transpose"}
+  assert local == kernel_shape, local
+  if shape[0] % 8 == 0:   # a jax.Array's shards are even: a padded result comes back whole
+    assert got[0].sharding.is_equivalent_to(NamedSharding(mesh, spec), 2), got[0].sharding
+    assert got[2].sharding.is_equivalent_to(NamedSharding(mesh, P(spec[1], spec[0])), 2)
+  if kernel_shape == (shape[0] // 2, shape[1] // 4):   # in place: only scale blocks move
+    sizes = _gathered_sizes(compiled.as_text())
+    assert sizes and max(sizes) * 128 <= x.size, sizes
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "block"])
+def test_fp8_training_with_the_triton_quantizer_gathers_no_operand(partitioner, scaling,
+                                                                   quantizer_as_xla):
+  """The FP8 step with the Triton quantizer, data x tensor parallel (M 512 over 2, N 512
+  over 4: whole 128-blocks on every device): no operand is gathered (per tensor nothing
+  at all; in blocks only the scales' block dimensions), and the loss and gradients
+  equal XLA's quantizer's, sharded the same way."""
   mesh = auto_mesh((2, 4), ("x", "y"))
   r = np.random.default_rng(3)
   x = jnp.asarray(r.standard_normal((512, 256)), jnp.bfloat16)
@@ -766,12 +821,13 @@ def test_fp8_training_with_the_triton_quantizer_gathers_nothing(partitioner, qua
             jax.device_put(w, NamedSharding(mesh, P(None, "y"))))
 
   def step(quantize_backend):
-    recipe = jaxgemm.Fp8Recipe("tensor", grad_dtype="float8_e5m2",
-                               scale_dtype="float8_e8m0fnu", quantize_backend=quantize_backend)
+    recipe = dataclasses.replace(jaxgemm.Fp8Recipe.named(scaling),
+                                 quantize_backend=quantize_backend)
     loss = lambda x, w: (jaxgemm.matmul(x, w, fp8=recipe, backend="xla").astype(F32) ** 2).sum()
     return jax.jit(jax.value_and_grad(loss, (0, 1))).lower(*placed).compile()
   compiled = step("triton")
-  assert not float_gathers(compiled.as_text())
+  sizes = _gathered_sizes(compiled.as_text())
+  assert (not sizes) if scaling == "tensor" else max(sizes) * 128 <= x.size, sizes
   got, want = compiled(*placed), step("xla")(*placed)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(g, F32), np.asarray(w, F32))

@@ -234,14 +234,17 @@ def test_fp8_model_is_the_dense_model_in_fp8():
 
 
 def test_fp8_options_are_recipes_the_gpu_suite_adds_for_auto():
-  """The opt-in recipes (FP8_OPTIONS) train like the named one they extend (the Triton
-  quantizer bit for bit on the CPU); only a GPU run adds them, and only for `auto`."""
+  """The extra recipes (FP8_OPTIONS: the named ones as they were, float32 scales and
+  XLA's quantizer) train through make_mm like the named ones; only a GPU run adds them,
+  and only for `auto`."""
   x = jnp.asarray(np.random.default_rng(0).standard_normal((70, 256)), jnp.bfloat16)
   w = jnp.asarray(np.random.default_rng(1).standard_normal((256, 136)) / 16, jnp.bfloat16)
   block = T.make_mm("xla", "fp8=block", "bf16")(x, w)
-  fused = T.make_mm("xla", "fp8=block+triton-quantize", "bf16")(x, w)
-  np.testing.assert_array_equal(np.asarray(fused, np.float32), np.asarray(block, np.float32))
-  assert T.FP8_OPTIONS["tensor+f32-scales"].scale_dtype == "float32"
+  option = T.make_mm("xla", "fp8=block+xla-quantize", "bf16")(x, w)
+  np.testing.assert_array_equal(np.asarray(option, np.float32), np.asarray(block, np.float32))
+  named = jaxgemm.Fp8Recipe.named("tensor")
+  assert T.FP8_OPTIONS["tensor+f32-scales"] == dataclasses.replace(
+      named, scale_dtype="float32", quantize_backend="xla")
   for on_gpu, backend, extra in ((True, runner.AUTO, True), (True, "xla", False),
                                  (False, runner.AUTO, False)):
     ctx = dataclasses.replace(_ctx([]), platform="gpu" if on_gpu else "cpu")

@@ -159,15 +159,16 @@ def test_recipes():
   assert Fp8Recipe.named(recipe) is recipe
 
 
-def test_auto_quantizer_is_the_kernel_per_tensor_on_a_gpu(monkeypatch):
-  """"auto" takes the Triton cast-transpose where it partitions with its operand (per
-  tensor) on a GPU, and XLA's quantizer for block scales and on the CPU."""
+def test_auto_quantizer_is_the_kernel_on_a_gpu(monkeypatch):
+  """"auto" takes the Triton cast-transpose on a GPU (it partitions with its operand:
+  tests/sharding_on_8_devices.py) and XLA's quantizer on the CPU, where the kernel
+  would run in Triton's interpreter."""
   recipe = Fp8Recipe.named("tensor")
-  assert recipe.quantize_backend == "auto"
+  assert recipe.quantize_backend == "auto" == Fp8Recipe.named("block").quantize_backend
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   assert recipe._quantizer(None) == "xla"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert recipe._quantizer(None) == "triton" and recipe._quantizer((1, 128)) == "xla"
+  assert recipe._quantizer(None) == "triton" == recipe._quantizer((1, 128))
   assert dataclasses.replace(recipe, quantize_backend="xla")._quantizer(None) == "xla"
 
 

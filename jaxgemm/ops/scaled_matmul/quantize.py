@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.extend.core import Primitive
-from jax.interpreters import mlir
 
-from jaxgemm import sharding
+from jaxgemm.ops.scaled_matmul import cast_transpose
 from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, SCALE_DTYPES
 
 E8M0 = np.dtype(jnp.float8_e8m0fnu)
@@ -215,19 +212,17 @@ def _pair_xla(x, dtype, block, block_t, scale_dtype):
 
 
 def _pair_triton(x, dtype, block, block_t, scale_dtype):
+  modes = (_PAIR_MODES[block], _PAIR_MODES[block_t])
+
   @jax.custom_batching.custom_vmap
   def fused(x):
     if block is None:   # the whole tensor's amax first: XLA's reduction
       scale = scale_of_amax(_amax(x.astype(jnp.float32)), dtype, scale_dtype)
-      q, q_t = cast_transpose_p.bind(x, scale, dtype=np.dtype(dtype),
-                                     scale_dtype=np.dtype(scale_dtype))
+      q, q_t = cast_transpose.bind(x, scale, dtype=dtype, scale_dtype=scale_dtype, modes=modes)
       scale = scale.astype(scale_dtype)
       return q, scale, q_t, scale
-    from jaxgemm.kernels.triton.quantize import cast_transpose  # noqa: PLC0415 (needs triton)
-    platform = "cpu" if jax.default_backend() == "cpu" else "cuda"
-    return cast_transpose.cast_transpose(
-        x, dtype=dtype, row_block=_PAIR_MODES[block], col_block=_PAIR_MODES[block_t],
-        scale_dtype=scale_dtype, platform=platform)
+    return tuple(cast_transpose.bind(x, None, dtype=dtype, scale_dtype=scale_dtype,
+                                     modes=modes))
 
   @fused.def_vmap
   def _vmapped(axis_size, in_batched, x):   # jax-triton calls have no batching rule
@@ -236,54 +231,3 @@ def _pair_triton(x, dtype, block, block_t, scale_dtype):
     return out, (True,) * 4
 
   return fused(x)
-
-
-# ---------------------------------------------------------------- the kernel, per tensor, sharded
-#
-# The per-tensor cast-transpose is elementwise given the (global) scale, so each
-# device runs it on its own block of x: q keeps x's sharding and q^T its transpose's
-# (jaxgemm.sharding's rule "r c, -> r c, c r"; the amax before it is XLA's
-# reduction, an all-reduce where x is sharded). A jax-triton call alone has no
-# sharding rule, and the partitioner would gather x for it. The block modes'
-# scales have dimensions of their own (ceil(R / 128), ...), which an einsum rule
-# cannot relate to x's; they still run on a gathered x.
-
-cast_transpose_p = Primitive("jaxgemm_cast_transpose")
-cast_transpose_p.multiple_results = True
-
-
-@cast_transpose_p.def_abstract_eval
-def _cast_transpose_abstract_eval(x, scale, *, dtype, scale_dtype):
-  del scale, scale_dtype
-  r, c = x.shape
-  return (jax.core.ShapedArray((r, c), dtype), jax.core.ShapedArray((c, r), dtype))
-
-
-def _cast_transpose_kernel(x, scale, *, dtype, scale_dtype, platform):
-  """(q, q^T) of x from the Triton kernel, with the given per-tensor scale."""
-  from jaxgemm.kernels.triton.quantize import cast_transpose  # noqa: PLC0415 (needs triton)
-  q, _, q_t, _ = cast_transpose.cast_transpose(
-      x, dtype=dtype, row_block="tensor", col_block="tensor", scale=scale,
-      scale_dtype=scale_dtype, platform=platform)
-  return q, q_t
-
-
-def _cast_transpose_lowering(platform):
-  def lowering(ctx, x, scale, *, dtype, scale_dtype):
-    kernel = functools.partial(_cast_transpose_kernel, dtype=dtype, scale_dtype=scale_dtype,
-                               platform=platform)
-    return mlir.lower_fun(kernel, multiple_results=True)(ctx, x, scale)
-  return lowering
-
-
-@cast_transpose_p.def_impl
-def _cast_transpose_impl(*args, **params):
-  # Eager calls compile the primitive alone, like any jax.lax op does.
-  from jax._src import dispatch  # noqa: PLC0415 (the standard eager path for primitives)
-  return dispatch.apply_primitive(cast_transpose_p, *args, **params)
-
-
-_CAST_TRANSPOSE_RULE = sharding.EinsumRule.parse("r c, -> r c, c r")
-cast_transpose_local_p = sharding.make_partitionable(
-    cast_transpose_p, lambda **_: _CAST_TRANSPOSE_RULE,
-    {platform: _cast_transpose_lowering(platform) for platform in ("cpu", "cuda")})

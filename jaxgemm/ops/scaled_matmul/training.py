@@ -22,9 +22,8 @@ byte per element. How the scales cover the operands is the recipe's:
 With block scales, the wgrad's operands are blocked along M, its contraction
 (the DeepSeek-V3 recipe quantizes its wgrad inputs along the contraction too).
 `Fp8Recipe.quantize_backend` picks who quantizes: XLA, or one Triton kernel per
-tensor that reads it once and writes both orientations ("auto": the kernel for
-per-tensor scales on a GPU, where it partitions with a sharded operand; XLA
-otherwise).
+tensor that reads it once and writes both orientations ("auto": the kernel on a
+GPU, where it partitions with a sharded operand; XLA otherwise).
 
 Gradients come out in the primals' dtypes, the result in `out_dtype` (the
 promoted input dtype, as jnp.matmul's). jit, grad (first order; the VJP is a
@@ -75,19 +74,19 @@ class Fp8Recipe:
     quantize_backend: who quantizes each operand in both orientations
       (`quantize_pair`): "xla" (jnp: XLA fuses the amaxes, casts and fp8
       transposes into its own passes), "triton" (one cast-transpose kernel per
-      tensor), or "auto": "triton" for per-tensor scales on a GPU, "xla"
-      otherwise. The per-tensor kernel partitions like its operand (each device
-      casts its own block); the block-scaled one does not, and a sharded
-      operand is gathered for it, so "triton" with block scales is for
-      unsharded operands (one GPU: block step 0.95x -> 1.09x of XLA's bf16 step,
-      H100, run10).
+      tensor), or "auto": "triton" on a GPU, "xla" elsewhere. The kernel
+      partitions like its operand: each device quantizes its own block of it
+      (with block scales, where its rows and columns are whole 128-blocks;
+      otherwise that dimension is gathered for it,
+      `jaxgemm.ops.scaled_matmul.cast_transpose`).
 
   The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
   grad_dtype=e5m2, scale_dtype=e8m0) and "block" = Fp8Recipe("block",
   grad_dtype=e4m3). Per tensor, the power-of-two scales and the Triton
   quantizer took the bench's FP8 step from 1.15x to 1.25x of XLA's bf16 step
-  (H100, paired timing, research/probes/fp8-fused-quant/run10), the loss after
-  100 steps 0.12% from bf16's.
+  (H100, paired timing, research/probes/fp8-fused-quant/run10, run11a), the
+  loss after 100 steps 0.08-0.12% from bf16's; with block scales the quantizer
+  took it from 0.94x to 1.07-1.09x.
 
   >>> Fp8Recipe.named("block")
   Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto', quantize_backend='auto')
@@ -153,9 +152,10 @@ class Fp8Recipe:
   def _quantizer(self, block) -> str:
     if self.quantize_backend != "auto":
       return self.quantize_backend
-    # Per tensor, the kernel saved 0.8 ms of the step over XLA's quantizer (H100,
-    # run8b) and partitions with its operand; the block-scaled one would gather it.
-    return "triton" if block is None and jax.default_backend() == "gpu" else "xla"
+    # The kernel took the step from 1.15x to 1.25x of XLA's bf16 step per tensor (with
+    # power-of-two scales) and from 0.94x to 1.07-1.09x with block scales (H100,
+    # research/probes/fp8-fused-quant/run10-11), and partitions with its operand.
+    return "triton" if jax.default_backend() == "gpu" else "xla"
 
 
 def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype) -> jax.Array:
