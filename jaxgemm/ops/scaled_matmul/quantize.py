@@ -176,7 +176,7 @@ def quantize_pair(x, dtype, block, block_t, *, scale_dtype=jnp.float32, backend=
       (1, 128) or (128, 128), for x and for x^T (C, R).
     scale_dtype, dtype: as `quantize`'s.
     backend: "xla" or "triton" (the kernel, compiled for jax's default backend, or
-      in Triton's interpreter where that is the CPU; under vmap, XLA's program).
+      in Triton's interpreter where that is the CPU; under vmap, one kernel call per entry).
 
   >>> import jax.numpy as jnp
   >>> x = jnp.arange(12.0).reshape(3, 4)
@@ -226,8 +226,10 @@ def _pair_triton(x, dtype, block, block_t, scale_dtype):
 
   @fused.def_vmap
   def _vmapped(axis_size, in_batched, x):   # jax-triton calls have no batching rule
+    # One kernel call per entry, so each gets what it gets alone, bit for bit: XLA's
+    # quantize can be an fp8 step off the kernel on the GPU (float32 scales; run9's
+    # diff_probe), and a vmapped step must equal its entries' (test_fp8_training).
     del axis_size, in_batched
-    out = jax.vmap(lambda x: _pair_xla(x, dtype, block, block_t, scale_dtype))(x)
-    return out, (True,) * 4
+    return lax.map(fused, x), (True,) * 4
 
   return fused(x)
