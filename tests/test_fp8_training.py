@@ -87,19 +87,33 @@ def test_batched_x_and_1d_x_join_m(fp8, rng):
   np.testing.assert_array_equal(v, jaxgemm.matmul(x[0, 0, :1], w, fp8=fp8, backend="xla")[0])
 
 
+def assert_same_entry(got, want, what=""):
+  """Bit for bit on the CPU. On the GPU a batched GEMM may run another kernel than its
+  entries' (cuBLAS or ours, other accumulation orders): one bf16 rounding, norm-wise
+  (research/probes/fp8-fused-quant/vmap_probe.py, H100: 0.0156 at most, with either
+  quantizer). A per-tensor scale shared across the entries puts the 1/64 entry 1.25% off
+  (3x the bound), as the flattened batch quantizes it."""
+  if jax.default_backend() == "cpu":
+    np.testing.assert_array_equal(np.asarray(got, F32), np.asarray(want, F32), err_msg=what)
+  else:
+    assert rel_err(got, as_f64(want)) <= 2.0**-8, what
+
+
 @pytest.mark.parametrize("fp8", RECIPES)
 def test_vmap_quantizes_each_entry(fp8, rng):
-  """vmap over x (or w) runs the function per entry: each entry its own scales."""
+  """vmap over x (or w) runs the function per entry: each entry its own scales (entries
+  64x apart in magnitude, so that a shared scale would show)."""
   x, w, dy = inputs(rng, m=16, lead=(3,))
+  x = x * jnp.asarray([1.0, 64.0, 1 / 64], BF16)[:, None, None]
   f = lambda x, w: jaxgemm.matmul(x, w, fp8=fp8, backend="xla")
   out = jax.vmap(f, in_axes=(0, None))(x, w)
   for i in range(3):
-    np.testing.assert_array_equal(out[i], f(x[i], w))
-  ws = jnp.stack([w, 2 * w])
+    assert_same_entry(out[i], f(x[i], w), f"entry {i}")
+  ws = jnp.stack([w, 64 * w])
   out = jax.jit(jax.vmap(f, in_axes=(None, 0)))(x[0], ws)
-  np.testing.assert_array_equal(out[1], f(x[0], ws[1]))
+  assert_same_entry(out[1], f(x[0], ws[1]), "vmap over w")
   g = jax.vmap(jax.grad(lambda w, x: f(x, w).astype(F32).sum()), in_axes=(None, 0))(w, x)
-  np.testing.assert_array_equal(g[2], jax.grad(lambda w: f(x[2], w).astype(F32).sum())(w))
+  assert_same_entry(g[2], jax.grad(lambda w: f(x[2], w).astype(F32).sum())(w), "grad")
 
 
 @pytest.mark.parametrize("fp8", RECIPES)
