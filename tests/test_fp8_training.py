@@ -90,8 +90,8 @@ def test_batched_x_and_1d_x_join_m(fp8, rng):
 def assert_same_entry(got, want, what=""):
   """Bit for bit on the CPU. On the GPU a batched GEMM may run another kernel than its
   entries' (cuBLAS or ours, other accumulation orders): one bf16 rounding, norm-wise
-  (research/probes/fp8-fused-quant/vmap_probe.py, H100: 0.0156 at most, with either
-  quantizer). A per-tensor scale shared across the entries puts the 1/64 entry 1.25% off
+  (vmap_probe.py in research/probes/fp8-fused-quant, H100: elements up to 0.0156 apart,
+  with either quantizer). A per-tensor scale shared across the entries puts the 1/64 entry 1.25% off
   (3x the bound), as the flattened batch quantizes it."""
   if jax.default_backend() == "cpu":
     np.testing.assert_array_equal(np.asarray(got, F32), np.asarray(want, F32), err_msg=what)
