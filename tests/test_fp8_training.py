@@ -180,10 +180,10 @@ def test_auto_quantizer_is_the_kernel_on_a_gpu(monkeypatch):
   recipe = Fp8Recipe.named("tensor")
   assert recipe.quantize_backend == "auto" == Fp8Recipe.named("block").quantize_backend
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  assert recipe._quantizer(None) == "xla"
+  assert recipe._quantizer() == "xla"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert recipe._quantizer(None) == "triton" == recipe._quantizer((1, 128))
-  assert dataclasses.replace(recipe, quantize_backend="xla")._quantizer(None) == "xla"
+  assert recipe._quantizer() == "triton" == Fp8Recipe.named("block")._quantizer()
+  assert dataclasses.replace(recipe, quantize_backend="xla")._quantizer() == "xla"
 
 
 @pytest.mark.parametrize("call,error,match", [

@@ -226,9 +226,9 @@ def _pair_triton(x, dtype, block, block_t, scale_dtype):
 
   @fused.def_vmap
   def _vmapped(axis_size, in_batched, x):   # jax-triton calls have no batching rule
-    # One kernel call per entry, so each gets what it gets alone, bit for bit: XLA's
+    # One kernel call per entry, so each entry is quantized as it would be alone: XLA's
     # quantize can be an fp8 step off the kernel on the GPU (float32 scales; run9's
-    # diff_probe), and a vmapped step must equal its entries' (test_fp8_training).
+    # diff_probe).
     del axis_size, in_batched
     return lax.map(fused, x), (True,) * 4
 

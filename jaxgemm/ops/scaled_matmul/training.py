@@ -147,9 +147,9 @@ class Fp8Recipe:
     if block_t is not None:
       block_t = block_t[::-1]   # quantize's block over x^T
     return quantize_pair(x, dtype, block, block_t, scale_dtype=self.scale_dtype,
-                         backend=self._quantizer(block))
+                         backend=self._quantizer())
 
-  def _quantizer(self, block) -> str:
+  def _quantizer(self) -> str:
     if self.quantize_backend != "auto":
       return self.quantize_backend
     # The kernel took the step from 1.15x to 1.25x of XLA's bf16 step per tensor (with
