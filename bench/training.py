@@ -247,8 +247,9 @@ FP8_RECIPES = ("tensor", "block")
 FP8_VARIANT_PREFIX = "fp8="
 # Recipes the GPU suite trains for `auto` beside the named ones, with the same checks:
 # each named recipe as it was before run11 (per tensor: float32 scales and XLA's
-# quantizer, 1.15x of XLA's bf16 step against the named one's 1.25x; block: XLA's
-# quantizer, 0.94x against 1.07-1.09x; H100, paired, research/probes/fp8-fused-quant/).
+# quantizer, 1.14-1.15x of XLA's bf16 step against the named one's 1.245-1.255x;
+# block: XLA's quantizer, 0.93-0.95x against 1.07-1.09x; H100, paired,
+# research/probes/fp8-fused-quant/ runs 10-13).
 FP8_OPTIONS = {
     "tensor+f32-scales": jaxgemm.Fp8Recipe("tensor", grad_dtype="float8_e5m2",
                                            quantize_backend="xla"),

@@ -83,10 +83,10 @@ class Fp8Recipe:
   The named recipes, as `fp8=` takes them: "tensor" = Fp8Recipe("tensor",
   grad_dtype=e5m2, scale_dtype=e8m0) and "block" = Fp8Recipe("block",
   grad_dtype=e4m3). Per tensor, the power-of-two scales and the Triton
-  quantizer took the bench's FP8 step from 1.15x to 1.25x of XLA's bf16 step
-  (H100, paired timing, research/probes/fp8-fused-quant/run10, run11a), the
-  loss after 100 steps 0.08-0.12% from bf16's; with block scales the quantizer
-  took it from 0.94x to 1.07-1.09x.
+  quantizer took the bench's FP8 step from 1.14-1.15x to 1.245-1.255x of XLA's
+  bf16 step (H100, paired timing, research/probes/fp8-fused-quant/run10-13),
+  the loss after 100 steps 0.01-0.12% from bf16's; with block scales the
+  quantizer took it from 0.93-0.95x to 1.07-1.09x.
 
   >>> Fp8Recipe.named("block")
   Fp8Recipe(scaling='block', dtype='float8_e4m3fn', grad_dtype='float8_e4m3fn', scale_dtype='float32', backend='auto', quantize_backend='auto')
@@ -152,9 +152,10 @@ class Fp8Recipe:
   def _quantizer(self) -> str:
     if self.quantize_backend != "auto":
       return self.quantize_backend
-    # The kernel took the step from 1.15x to 1.25x of XLA's bf16 step per tensor (with
-    # power-of-two scales) and from 0.94x to 1.07-1.09x with block scales (H100,
-    # research/probes/fp8-fused-quant/run10-11), and partitions with its operand.
+    # The kernel took the step from 1.15x to 1.245-1.255x of XLA's bf16 step per
+    # tensor (with power-of-two scales) and from 0.94x to 1.07-1.09x with block
+    # scales (H100, research/probes/fp8-fused-quant/run10-13), and partitions with
+    # its operand.
     return "triton" if jax.default_backend() == "gpu" else "xla"
 
 
