@@ -35,9 +35,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from jaxgemm import sharding
-
-BLOCK = 128
-MODES = ("tensor", "row", "tile")
+from jaxgemm.ops.scaled_matmul.problem import BLOCK
 
 cast_transpose_p = Primitive("jaxgemm_cast_transpose")
 cast_transpose_p.multiple_results = True
@@ -45,20 +43,19 @@ cast_transpose_p.multiple_results = True
 
 def bind(x, scale, *, dtype, scale_dtype, modes):
   """(q, q^T) for modes ("tensor", "tensor") with the given `scale`; else
-  (q, q_scale, q^T, q^T_scale) for the block modes, `scale` None."""
+  (q, q_scale, q^T, q^T_scale) for two block modes ("row", "tile"), `scale` None
+  (`quantize_pair` has checked them)."""
   dtype, scale_dtype = np.dtype(dtype), np.dtype(scale_dtype)
   if modes == ("tensor", "tensor"):
     return cast_transpose_p.bind(x, scale, dtype=dtype, scale_dtype=scale_dtype, modes=modes,
                                  shape=x.shape)
-  if "tensor" in modes or not set(modes) <= set(MODES):
-    raise ValueError(f"cast_transpose's modes={modes!r} must be ('tensor', 'tensor') or two "
-                     f"of ('row', 'tile')")
   blocks = jnp.zeros(tuple(math.ceil(n / BLOCK) for n in x.shape), jnp.int8)
   return cast_transpose_p.bind(x, blocks, dtype=dtype, scale_dtype=scale_dtype, modes=modes,
                                shape=x.shape)
 
 
-def _scale_shape(mode, rows, cols):
+def scale_shape(mode, rows, cols):
+  """The scales' shape of quantizing a (rows, cols) array in block `mode` ("row", "tile")."""
   return (rows if mode == "row" else math.ceil(rows / BLOCK), math.ceil(cols / BLOCK))
 
 
@@ -69,8 +66,8 @@ def _abstract_eval(x, _, *, dtype, scale_dtype, modes, shape):
   q, q_t = jax.core.ShapedArray((r, c), dtype), jax.core.ShapedArray((c, r), dtype)
   if modes == ("tensor", "tensor"):
     return q, q_t
-  return (q, jax.core.ShapedArray(_scale_shape(modes[0], r, c), scale_dtype),
-          q_t, jax.core.ShapedArray(_scale_shape(modes[1], c, r), scale_dtype))
+  return (q, jax.core.ShapedArray(scale_shape(modes[0], r, c), scale_dtype),
+          q_t, jax.core.ShapedArray(scale_shape(modes[1], c, r), scale_dtype))
 
 
 def _kernel(x, scale, *, dtype, scale_dtype, modes, platform):

@@ -225,7 +225,7 @@ def _pair_triton(x, dtype, block, block_t, scale_dtype):
                                      modes=modes))
 
   @fused.def_vmap
-  def _vmapped(axis_size, in_batched, x):   # jax-triton calls have no batching rule
+  def _vmapped(axis_size, in_batched, x):   # the kernel's primitive has no batching rule
     # One kernel call per entry, so each entry is quantized as it would be alone: XLA's
     # quantize can be an fp8 step off the kernel on the GPU (float32 scales; run9's
     # diff_probe).

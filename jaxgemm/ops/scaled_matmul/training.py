@@ -44,11 +44,10 @@ import numpy as np
 
 from jaxgemm.ops.scaled_matmul.api import scaled_matmul
 from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, OUT_DTYPES, SCALE_DTYPES
-from jaxgemm.ops.scaled_matmul.quantize import QUANTIZE_BACKENDS, quantize_pair
+from jaxgemm.ops.scaled_matmul.quantize import E8M0, QUANTIZE_BACKENDS, quantize_pair
 
 SCALINGS = ("tensor", "block")
 E4M3, E5M2 = np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2)
-E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
 
 @dataclasses.dataclass(frozen=True)

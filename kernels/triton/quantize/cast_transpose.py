@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from jaxgemm import triton_call
+from jaxgemm.ops.scaled_matmul.cast_transpose import scale_shape
 from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, SCALE_DTYPES
 
 # The scale block, and so the tile a program owns.
@@ -158,11 +159,6 @@ def cast_transpose_kernel(
       tl.store(qt_scale_ptr + pid_c * NR + pid_r + tl.zeros((1, 1), tl.int32), st)
 
 
-def _scale_shape(mode, rows, cols):
-  """The scale shape of quantizing a (rows, cols) array in `mode` (not "tensor")."""
-  return (rows if mode == "row" else triton.cdiv(rows, TILE), triton.cdiv(cols, TILE))
-
-
 def _check(x, dtype, row_block, col_block, scale, scale_dtype):
   """Raises on arguments `cast_transpose` does not take; returns (dtype, scale_dtype)."""
   if getattr(x, "ndim", None) != 2 or 0 in x.shape:
@@ -232,12 +228,12 @@ def cast_transpose(x, *, dtype, row_block, col_block, scale=None, scale_dtype=jn
   stored = np.dtype(np.float32) if platform == "cpu" else dtype
   outs = [jax.ShapeDtypeStruct((r, c), stored),
           # jax-triton passes outputs by position: a "tensor" mode's one is a placeholder
-          jax.ShapeDtypeStruct((1,) if row_block == "tensor" else _scale_shape(row_block, r, c),
+          jax.ShapeDtypeStruct((1,) if row_block == "tensor" else scale_shape(row_block, r, c),
                                jnp.float32)]
   if col_block is not None:
     outs += [jax.ShapeDtypeStruct((c, r), stored),
              jax.ShapeDtypeStruct((1,) if col_block == "tensor" else
-                                  _scale_shape(col_block, c, r), jnp.float32)]
+                                  scale_shape(col_block, c, r), jnp.float32)]
   none_ptrs = {} if col_block is not None else dict(qt_ptr=None, qt_scale_ptr=None)
   launch = triton_call.Launch.make(
       cast_transpose_kernel, (triton.cdiv(r, TILE) * triton.cdiv(c, TILE),), tuple(outs),
