@@ -211,9 +211,9 @@ class PallasScaledMatmul(registry.Backend):
     # register bound above) lies in one 128-column scale block.
     if epi_tile_n < tile_n and tile_n % epi_tile_n:
       raise ValueError(f"{what}: {tile_n=} must be divisible by {epi_tile_n=}")
-    if (config.cluster_m, config.cluster_n) != (1, 1):
-      raise ValueError(f"{what} variant={variant!r} does not use clusters: cluster_m="
-                       f"{config.cluster_m}, cluster_n={config.cluster_n} must be 1")
+    if config.cluster_m * config.cluster_n > 2:
+      raise ValueError(f"{what} runs 1- or 2-CTA clusters: at most one of cluster_m="
+                       f"{config.cluster_m}, cluster_n={config.cluster_n} may be 2")
     if config.split_rounds != 1:
       raise ValueError(f"{what} does not split tiles along K: split_rounds="
                        f"{config.split_rounds} must be 1")

@@ -119,8 +119,14 @@ OVERLAP_PROMOTION = True
 def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: common.Dims,
                   tm: int, tn: int, stages: int, epi_tn: int, per_block: bool,
                   grid_minor_m: bool, grid_group: int, workers: int, exact_out: bool,
-                  interpret: bool, tma_scales: bool = False, overlap: bool = False):
+                  interpret: bool, tma_scales: bool = False, overlap: bool = False,
+                  cluster_m: int = 1, cluster_n: int = 1, multicast: bool = True):
   """The persistent body: A (batch, M, K), B (batch, N, K), scales (batch, Ks, M | N).
+
+  `cluster_m` / `cluster_n` (one of them 2): CTAs in 2-CTA clusters, as the
+  matmul's rung 4 (`matmul.clusters`): the operand tile both need (B's along M,
+  A's along N) is multicast by TMA (`multicast`), each CTA loading its own
+  scales.
 
   `tma_scales` (block scales only; variant `warp_specialized_tma_scales`): the
   producer copies each K step's scales into the ring beside A's and B's blocks,
@@ -135,13 +141,25 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
   rows = tm // 2                       # per consumer warpgroup
   k_iters = common.cdiv(dims.k, tk)
   m_tiles, n_tiles = common.cdiv(dims.m, tm), common.cdiv(dims.n, tn)
-  worker = lax.axis_index("sm")
-  total_tiles = dims.batch * m_tiles * n_tiles
+  m_cl_tiles, n_cl_tiles = common.cdiv(m_tiles, cluster_m), common.cdiv(n_tiles, cluster_n)
+  cluster = cluster_m * cluster_n
+  a_collective = ("cluster",) if multicast and cluster_n > 1 else ()
+  b_collective = ("cluster",) if multicast and cluster_m > 1 else ()
+  worker = lax.axis_index("cluster_grid" if cluster > 1 else "sm")
+  cta = lax.axis_index("cluster") if cluster > 1 else 0
+  total_tiles = dims.batch * m_cl_tiles * n_cl_tiles
   swizzle = common.operand_swizzle(tm, tn, tk, dtype, False, True)
   pieces = [(em, en) for em in range(rows // EPI_TILE_M) for en in range(tn // epi_tn)]
 
   def tile_origin(lin):
-    return common.tile_coords(lin, m_tiles, n_tiles, dims.batch, grid_minor_m, grid_group)
+    """(batch, M tile, N tile, whether this CTA stores it) of cluster tile `lin`: as
+    the matmul's, a CTA past an odd tile count recomputes its partner's tile."""
+    bi, mc, nc = common.tile_coords(lin, m_cl_tiles, n_cl_tiles, dims.batch, grid_minor_m,
+                                    grid_group)
+    mi = mc * cluster_m + (cta if cluster_m > 1 else 0)
+    ni = nc * cluster_n + (cta if cluster_n > 1 else 0)
+    owns_tile = (mi < m_tiles) & (ni < n_tiles)
+    return bi, jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1), owns_tile
 
   def read_vector(ref, layout):
     """A GMEM vector in fp32 registers, in the accumulator's row or column layout."""
@@ -177,13 +195,17 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
   scale_smem = dict(a_scale_smem=plgpu.SMEM((stages, tm), f32),
                     b_scale_smem=plgpu.SMEM((stages, B_SCALE_BOX), f32)) if tma_scales else {}
 
+  consumed_type = (functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
+                   if a_collective or b_collective else plgpu.Barrier)
+
   @functools.partial(
       pl.run_scoped,
       a_smem=common.a_smem_type(tm, tk, dtype, False, stages, swizzle=swizzle),
       b_smem=common.b_smem_type(tk, tn, dtype, True, stages, swizzle=swizzle),
       # A's and B's copies (and the two scale copies)
       loaded=plgpu.Barrier(num_arrivals=4 if tma_scales else 2, num_barriers=stages),
-      consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages),   # both consumers
+      # both consumers (of both CTAs where a multicast wrote the slot into both)
+      consumed=consumed_type(num_arrivals=2, num_barriers=stages),
       out_smem=out_smem_type,
       collective_axes="wg",
       **scale_smem,
@@ -193,7 +215,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
     wg = lax.axis_index("wg")
     my_tiles = lax.div(total_tiles - worker + workers - 1, workers)
 
-    def store(total, bi, mi, ni, row0, n0, i):
+    def store(total, bi, mi, ni, owns_tile, row0, n0, i):
       """This consumer's rows of the tile into C, in (64, epi_tn) pieces: C's one rounding."""
       for p, (em, en) in enumerate(pieces):
         local = (slice(em * EPI_TILE_M, (em + 1) * EPI_TILE_M),
@@ -207,7 +229,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
               for part, rows_left in enumerate(ws.last_tile_rows(dims.m, tm, em, 2))]
           col_cases = [(ni < n_tiles - 1, epi_tn),
                        (ni == n_tiles - 1, ws.last_tile_cols(dims.n, tn, epi_tn, en))]
-          ws.store_exact(out_smem.at[wg], c_gmem.at[bi], r0, c0, row_cases, col_cases, True,
+          ws.store_exact(out_smem.at[wg], c_gmem.at[bi], r0, c0, row_cases, col_cases, owns_tile,
                          ws.store_vector_size(dims.n, epi_tn, out_dtype), interpret)
           continue
         # Slots alternate over every piece of every tile: with an odd piece count
@@ -216,8 +238,11 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
         plgpu.wait_smem_to_gmem(1, wait_read_only=True)   # the slot's store, two back
         out_smem[wg, slot] = piece
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
-                                c_gmem.at[bi, pl.ds(r0, EPI_TILE_M), pl.ds(c0, epi_tn)])
+
+        @pl.when(owns_tile)
+        def _store():
+          plgpu.copy_smem_to_gmem(out_smem.at[wg, slot],
+                                  c_gmem.at[bi, pl.ds(r0, EPI_TILE_M), pl.ds(c0, epi_tn)])
 
     @pl.when(wg == 2)
     def _producer():
@@ -225,7 +250,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
 
       @pl.loop(0, my_tiles)
       def _tile(i):
-        bi, mi, ni = tile_origin(worker + i * workers)
+        bi, mi, ni, _ = tile_origin(worker + i * workers)
 
         @pl.loop(0, k_iters)
         def _k_step(ki):
@@ -237,9 +262,9 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
             plgpu.barrier_wait(consumed.at[slot])
 
           plgpu.copy_gmem_to_smem(common.a_block(a_gmem.at[bi], mi * tm, ki * tk, tm, tk, False),
-                                  a_smem.at[slot], loaded.at[slot])
+                                  a_smem.at[slot], loaded.at[slot], collective_axes=a_collective)
           plgpu.copy_gmem_to_smem(common.b_block(b_gmem.at[bi], ki * tk, ni * tn, tk, tn, True),
-                                  b_smem.at[slot], loaded.at[slot])
+                                  b_smem.at[slot], loaded.at[slot], collective_axes=b_collective)
           if tma_scales:   # the wrapper padded both to the tiles' cover: in bounds
             plgpu.copy_gmem_to_smem(a_scale_gmem.at[bi, ki, pl.ds(mi * tm, tm)],
                                     a_scale_smem.at[slot], loaded.at[slot])
@@ -261,7 +286,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
 
       @pl.loop(0, my_tiles)
       def _tile(i):
-        bi, mi, ni = tile_origin(worker + i * workers)
+        bi, mi, ni, owns_tile = tile_origin(worker + i * workers)
         row0, n0 = mi * tm + wg * rows, ni * tn
 
         def k_step(ki, total):
@@ -322,7 +347,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           total = lax.fori_loop(0, k_iters, k_step, zeros)
         if not per_block:
           total = total * scale_of(bi, 0, row0, n0)
-        store(total, bi, mi, ni, row0, n0, i)
+        store(total, bi, mi, ni, owns_tile, row0, n0, i)
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # every store lands before exit
 
@@ -382,19 +407,31 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
     raise ValueError(f"tma_scales takes block scales and a tile_n dividing {BLOCK}; got "
                      f"scale_kind={scale_kind!r}, tile_n={tn}")
   overlap = tma_scales and (OVERLAP_PROMOTION if overlap is None else overlap)
+  cluster = config.cluster_m * config.cluster_n
+  if cluster not in (1, 2) or min(config.cluster_m, config.cluster_n) != 1:
+    raise ValueError(f"the scaled kernel runs 1- or 2-CTA clusters: cluster_m="
+                     f"{config.cluster_m}, cluster_n={config.cluster_n}")
 
   def call(a, b, dims):
     k_iters = common.cdiv(dims.k, BLOCK)
     stages = max(2, min(config.max_concurrent_steps, k_iters))
     m_tiles, n_tiles = common.cdiv(dims.m, tm), common.cdiv(dims.n, tn)
-    grid = max(1, min(common.num_sms(interpret), dims.batch * m_tiles * n_tiles))
+    cluster_tiles = (dims.batch * common.cdiv(m_tiles, config.cluster_m)
+                     * common.cdiv(n_tiles, config.cluster_n))
+    grid = max(1, min(common.num_sms(interpret) // cluster, cluster_tiles))
     a_s, b_s = kernel_scales(a_scale, b_scale, scale_kind, dims.batch, problem.m, problem.n,
                              m_tiles * tm, n_tiles * tn)
     body = functools.partial(
         scaled_kernel, dims=dims, tm=tm, tn=tn, stages=stages, epi_tn=epi_tn,
         per_block=per_block, grid_minor_m=config.grid_minor_m, grid_group=config.grid_group,
         workers=grid, exact_out=exact_out, interpret=interpret, tma_scales=tma_scales,
-        overlap=overlap)
+        overlap=overlap, cluster_m=config.cluster_m, cluster_n=config.cluster_n,
+        # As the matmul's: the 0.10.2 interpreter cannot allocate the cluster
+        # barriers multicast needs, so there each CTA loads its own copy.
+        multicast=not interpret)
+    mesh = (dict(grid=(grid,), grid_names=("cluster_grid",), cluster=(cluster,),
+                 cluster_names=("cluster",))
+            if cluster > 1 else dict(grid=(grid,), grid_names=("sm",)))
     return plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((dims.batch, dims.m, dims.n), out_dtype),
@@ -402,7 +439,7 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
         thread_name="wg",
         compiler_params=common.compiler_params(),
         interpret=common.interpret_params() if interpret else None,
-        grid=(grid,), grid_names=("sm",),
+        **mesh,
     )(a, b, a_s, b_s)
 
   exact_out = (common.stores_exact(problem, out_dtype)
