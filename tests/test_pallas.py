@@ -97,6 +97,7 @@ def test_variants_in_ladder_order():
 
 
 @pytest.mark.parametrize("field,value", [("tile_m", 96), ("tile_m", 32), ("tile_n", 512),
+                                         ("tile_n", 96),
                                          ("tile_k", 8), ("max_concurrent_steps", 0),
                                          ("cluster_m", 3), ("split_rounds", 3)])
 def test_config_rejects_bad_fields(field, value):
@@ -180,6 +181,10 @@ def test_variant_specific_config_errors():
   with pytest.raises(ValueError, match="split_rounds=2 .only 'stream_k' takes it"):
     BACKEND.check(p, "clusters", PallasConfig(tile_m=256, cluster_n=2, split_rounds=2))
   BACKEND.check(p, "stream_k", PallasConfig(tile_m=256, cluster_n=2, split_rounds=2))
+  # 192-wide tiles are the FP8 kernel's (scaled_matmul); the 16-bit rungs take powers of two.
+  for variant in pallas.VARIANTS:
+    with pytest.raises(ValueError, match="power-of-two tile_n; got tile_n=192"):
+      BACKEND.check(p, variant, PallasConfig(tile_n=192))
 
 
 @pytest.mark.parametrize("variant", pallas.VARIANTS)

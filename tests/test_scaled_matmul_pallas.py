@@ -61,11 +61,14 @@ GOOD = PallasConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4, 
 @pytest.mark.parametrize("variant,change,error,match", [(VARIANT, *c) for c in [
     (dict(tile_k=64), ValueError, r"tile_k=64 must be 128"),
     (dict(tile_m=64), ValueError, r"tile_m=64 must be 128 or 256"),
-    (dict(tile_m=256, tile_n=128), ValueError, r"tile_m=256, tile_n=128 need more than 128 "
-                                               r"registers.*128x128, 256x64"),
+    (dict(tile_m=256, tile_n=128), ValueError, r"tile_m=256, tile_n=128 need more than 192 "
+                                               r"registers.*128x192, 128x128, 256x64"),
+    (dict(tile_n=192), ValueError, r"block scales takes tile_n <= 128.*tile_n=192"),
     (dict(tile_n=128, epi_tile_n=256), None, None),
     (dict(tile_n=64, epi_tile_n=32), None, None),
-    (dict(cluster_n=2), ValueError, r"does not use clusters: cluster_m=1, cluster_n=2 must be 1"),
+    (dict(cluster_n=2), None, None),
+    (dict(cluster_m=2), None, None),
+    (dict(cluster_m=2, cluster_n=2), ValueError, r"at most one of cluster_m=2, cluster_n=2"),
     (dict(split_rounds=2), ValueError, r"split_rounds=2 must be 1"),
     (dict(max_concurrent_steps=8), ValueError, r"needs 294912 bytes of shared memory "
                                                r"\(a=131072 \+ b=131072 \+ out=32768\)"),
@@ -118,8 +121,9 @@ def test_check_refuses_other_dtypes_variants_and_configs():
 @pytest.mark.parametrize("m,k,n", LARGE)
 def test_default_configs_are_valid_for_large_problems(m, k, n, trans_a, trans_b):
   """Every scale kind, dtype pair and out dtype: the default config passes `check`,
-  with 128-deep K steps, 128x128 tiles (64-wide N for M <= 128) and the deepest
-  ring that fits."""
+  with 128-deep K steps, 128x128 tiles (64-wide N for M <= 128; 128x192 for one
+  fp8 dtype where the rounds of tiles favour it, as at these M >= 8192 shapes,
+  per tensor and per row/column) and the deepest ring that fits."""
   for variant, kind in [(VARIANT, "tensor"), (VARIANT, "row_col"), (VARIANT, "block"),
                         (TMA, "block")]:
     for a, b in ((E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)):
@@ -128,7 +132,8 @@ def test_default_configs_are_valid_for_large_problems(m, k, n, trans_a, trans_b)
         config = BACKEND.default_config(p, variant)
         BACKEND.check(p, variant, config)
         assert config.tile_k == 128 and config.tile_m == 128
-        assert config.tile_n == (64 if m <= 128 else 128)
+        wide = kind != "block" and a == b
+        assert config.tile_n == (64 if m <= 128 else 192 if wide else 128)
         if config.max_concurrent_steps < 8:   # the ring is as deep as shared memory allows
           deeper = dataclasses.replace(config,
                                        max_concurrent_steps=config.max_concurrent_steps + 1)
@@ -138,10 +143,13 @@ def test_default_configs_are_valid_for_large_problems(m, k, n, trans_a, trans_b)
       # other kinds to the one that takes them.
       assert BACKEND.default_variant(p) == (TMA if kind == "block" else VARIANT)
   # fp8 128x128 with a bf16 epilogue: 6 stages; the scales' 640 bytes a slot cost one.
+  # 128x192: 40 KiB a stage, 4 stages.
   p = problem(m, k, n, trans_a=trans_a, trans_b=trans_b)
   if m > 128:
     assert BACKEND.default_config(p, VARIANT).max_concurrent_steps == 6
     assert BACKEND.default_config(p, TMA).max_concurrent_steps == 5
+    per_tensor = dataclasses.replace(p, scale_kind="tensor")
+    assert BACKEND.default_config(per_tensor, VARIANT).max_concurrent_steps == 4
 
 
 def test_auto_takes_the_kernel_where_it_was_measured_to_win():
@@ -285,6 +293,8 @@ def _lowers_for_cuda(p, config=None, variant=VARIANT):
     ("block", 256, 384, 256, E5M2, BF16, True, True),       # mixed: float16 wgmma
     ("block", 4095, 4097, 4093, E4M3, BF16, False, True),  # exact stores, ragged K
     ("block", 128, 1024, 512, E4M3, BF16, False, True),    # skinny: 128x64 tiles
+    ("tensor", 8192, 8192, 8192, E4M3, BF16, False, True),  # 128x192 tiles
+    ("block", 8192, 8192, 8192, E4M3, BF16, False, False),  # 2-CTA clusters
 ])
 def test_lowers_for_cuda(kind, m, k, n, b, out, trans_a, trans_b):
   """Mosaic GPU lowers the kernel for sm_90 here, with its checks (fp8 wgmma only
@@ -298,15 +308,59 @@ def test_lowers_for_cuda(kind, m, k, n, b, out, trans_a, trans_b):
 def test_lowers_for_cuda_with_256x64_tiles():
   p = problem(1024, 1024, 1024, kind="block", trans_b=True)
   candidates = BACKEND.tuning_candidates(p)
-  assert [c.tile_m * c.tile_n for _, c in candidates] == [128 * 128, 256 * 64, 128 * 128,
-                                                          128 * 128]
-  # block scales: the TMA-scales default's three, then the GMEM-scales variant's default
-  assert [v for v, _ in candidates] == [TMA] * 3 + [VARIANT]
-  assert len(BACKEND.tuning_candidates(dataclasses.replace(p, scale_kind="tensor"))) == 3
+  assert [c.tile_m * c.tile_n for _, c in candidates] == [128 * 128, 256 * 64] + [128 * 128] * 3
+  # block scales: the TMA-scales default's four (the last with clusters), then the
+  # GMEM-scales variant's default
+  assert [v for v, _ in candidates] == [TMA] * 4 + [VARIANT]
+  assert [c.cluster_n for _, c in candidates] == [1, 1, 1, 2, 1]
+  per_tensor = BACKEND.tuning_candidates(dataclasses.replace(p, scale_kind="tensor"))
+  assert [c.tile_n for _, c in per_tensor] == [128, 64, 128, 192]
   wide = candidates[1][1]
   assert wide.max_concurrent_steps == 4   # 40 KiB a stage: 4 fit beside the epilogue
   _lowers_for_cuda(p, wide)
   _lowers_for_cuda(p, fit_tma(p, wide), TMA)
+
+
+def test_default_tiles_and_clusters_follow_the_rounds_of_tiles():
+  """Per tensor, 128x192 where fewer persistent rounds pay for its 1.34x tile time
+  (8192^3: 21 rounds of 2752 tiles against 32 of 4096) and 128x128 where they do not
+  (4096^3: 6 rounds of 704 against 8 of 1024); block scales keep 128-wide tiles (one
+  scale column block a tile) and take 2-CTA clusters from 2048 tiles."""
+  def default(m, k, n, kind):
+    p = problem(m, k, n, kind=kind, trans_b=True)
+    config = BACKEND.default_config(p, BACKEND.default_variant(p))
+    BACKEND.check(p, BACKEND.default_variant(p), config)
+    return config.tile_n, config.cluster_n
+  assert default(8192, 8192, 8192, "tensor") == (192, 1)
+  assert default(8192, 4096, 14336, "row_col") == (192, 1)
+  assert default(4096, 4096, 4096, "tensor") == (128, 1)
+  assert default(128, 4096, 14336, "tensor") == (64, 1)
+  assert default(8192, 8192, 8192, "block") == (128, 2)
+  assert default(4096, 4096, 4096, "block") == (128, 1)
+  # a mixed pair runs float16 wgmma: its 2-byte stages keep 128-wide tiles
+  mixed = problem(8192, 8192, 8192, kind="tensor", b=E5M2)
+  assert BACKEND.default_config(mixed, VARIANT).tile_n == 128
+
+
+@pytest.mark.parametrize("kind,variant,m,k,n,change", [
+    ("tensor", VARIANT, 200, 300, 400, dict(tile_n=192)),                  # 2 x 3 tiles
+    ("tensor", VARIANT, 200, 300, 400, dict(tile_n=192, cluster_m=2)),
+    ("row_col", VARIANT, 300, 260, 200, dict(cluster_n=2)),                # odd along N
+    ("block", TMA, 300, 260, 200, dict(cluster_m=2)),                      # odd along M
+])
+def test_wide_tiles_and_clusters_in_the_interpreter(kind, variant, m, k, n, change, rng):
+  """128x192 tiles and 2-CTA clusters with ragged edges, against float64: the
+  cluster's tile walk, and its second CTA past an odd tile count storing nothing
+  (each CTA loads its own copy of the shared tile here; multicast is the GPU's)."""
+  a, sa, a64 = operands(rng, (m, k), E4M3, A_BLOCK[kind], spread=False)
+  b, sb, b64 = operands(rng, (k, n), E4M3, B_BLOCK[kind], spread=False)
+  p = problem(m, k, n, kind=kind, out=F32)
+  config = scaled_pallas.fit_stages(
+      p, dataclasses.replace(BACKEND.default_config(p, variant), **change), variant)
+  BACKEND.check(p, variant, config)
+  out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, backend="pallas", variant=variant,
+                              config=config)
+  check(out, *reference(a64, b64), F32)
 
 
 def fit_tma(p, config):

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgemm import pallas_call, registry
-from jaxgemm.config import KernelConfig, check, int_range, power_of_two
+from jaxgemm.config import KernelConfig, check, int_range, is_power_of_two, power_of_two
 from jaxgemm.ops.matmul.problem import GemmProblem
 
 VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters", "stream_k", "pingpong")
@@ -65,7 +65,10 @@ class PallasConfig(KernelConfig):
   backend = "pallas"
 
   tile_m: int = power_of_two(64, 256, default=128)
-  tile_n: int = power_of_two(16, 256, default=128)
+  # 192 for the FP8 kernel (`scaled_matmul`'s pallas backend), whose promoted sum caps a
+  # consumer's fp32 arrays short of 256 columns; the 16-bit kernels refuse it (`check`).
+  tile_n: int = check(lambda v: (is_power_of_two(v) and 16 <= v <= 256) or v == 192,
+                      "a power of two in [16, 256], or 192", default=128)
   tile_k: int = power_of_two(16, 128, default=64)
   max_concurrent_steps: int = int_range(1, 8, default=4)
   grid_minor_m: bool = check(lambda v: True, "a bool", default=False)
@@ -150,6 +153,9 @@ class PallasMatmul(registry.Backend):
     if not isinstance(config, PallasConfig):
       raise TypeError(f"backend='pallas' takes a PallasConfig, got {type(config).__name__}")
     tile_m, tile_n, epi_tile_n = config.tile_m, config.tile_n, config.epi_tile_n
+    if not is_power_of_two(tile_n):
+      raise ValueError(f"backend='pallas' variant={variant!r} takes a power-of-two tile_n; "
+                       f"got {tile_n=} (192 is for scaled_matmul's FP8 kernel)")
     if variant in _TWO_CONSUMERS and tile_m < 128:
       raise ValueError(f"variant={variant!r} splits tile_m between two consumer "
                        f"warpgroups of >= 64 rows each: {tile_m=} must be >= 128")

@@ -67,8 +67,15 @@ TMA_SCALES = "warp_specialized_tma_scales"
 _B_SCALE_BOX = 32      # scaled.B_SCALE_BOX: the b_scale floats a ring slot holds
 _SMEM_ALIGNMENT = 1024  # Mosaic GPU's alignment of each shared memory buffer
 # Both fp32 arrays of a consumer warpgroup (the step's wgmma accumulator and the
-# promoted sum), (tile_m / 2) x tile_n each: at most 128 registers per thread.
-_MAX_ACC_ELEMENTS = 2 * 64 * 128
+# promoted sum), (tile_m / 2) x tile_n each: at most 192 registers per thread (128x192).
+_MAX_ACC_ELEMENTS = 2 * 64 * 192
+# A 128x192 tile's time over a 128x128 tile's: 1.5x the work at 1.12x the rate (H100,
+# B stored (N, K), 8192^3 and 8192x4096x14336 per tensor: research/probes/fp8-clusters/run1).
+_WIDE_TILE_COST = 1.5 / 1.12
+_HOPPER_SMS = 132   # H100 SXM and H200: the persistent grid's workers
+# Block scales on 2-CTA clusters along N from this many 128x128 tiles: 1.04-1.06x at 8192^3 and
+# 8192x4096x14336 (4096 and 7168 tiles), 0.98x at 4096^3 (1024) (fp8-clusters/run1).
+_CLUSTER_MIN_TILES = 2048
 _MAX_STAGES = 8        # PallasConfig.max_concurrent_steps' range
 _EPI_TILE_M = 64
 # What a mixed e4m3 x e5m2 pair runs as (exact for both; module docstring).
@@ -124,6 +131,10 @@ def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig,
                        + _align(stages * _B_SCALE_BOX * 4, _SMEM_ALIGNMENT))
     parts["barriers"] = 2 * stages * 8
   return parts
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
 
 
 def _align(x: int, alignment: int) -> int:
@@ -205,8 +216,12 @@ class PallasScaledMatmul(registry.Backend):
       raise ValueError(
           f"{what} keeps two fp32 arrays of (tile_m / 2) x tile_n per consumer warpgroup "
           f"(the K step's wgmma accumulator and the promoted sum): {tile_m=}, {tile_n=} need "
-          f"more than 128 registers per thread; use tile_m * tile_n <= 16384 (128x128, "
-          f"256x64, 128x64)")
+          f"more than 192 registers per thread; use tile_m * tile_n <= 24576 (128x192, "
+          f"128x128, 256x64, 128x64)")
+    if problem.scale_kind == "block" and tile_n > BLOCK:
+      raise ValueError(
+          f"{what} with block scales takes tile_n <= {BLOCK} (one b_scale column block a "
+          f"tile, and registers for the K step's scales beside the two arrays); got {tile_n=}")
     # TMA_SCALES reads one b_scale per tile: a power-of-two tile_n <= 128 (the
     # register bound above) lies in one 128-column scale block.
     if epi_tile_n < tile_n and tile_n % epi_tile_n:
@@ -229,11 +244,19 @@ class PallasScaledMatmul(registry.Backend):
           f"max_concurrent_steps or the tiles")
 
   def default_config(self, problem: ScaledMatmulProblem, variant: str) -> PallasConfig:
-    """128x128 tiles, 128-deep K steps, as many stages as fit 227 KiB (max 8).
+    """128x128 or 128x192 tiles, 128-deep K steps, as many stages as fit 227 KiB (max 8).
 
-    A consumer's two fp32 arrays cap the tile at 16384 elements; 128x128 loads
-    the fewest operand bytes per output among those (256x64 loads 25% more).
-    M <= 128 gets 64-wide N tiles (twice the CTAs for a skinny problem, as the
+    128x192 (per-tensor and per-row/column scales) where it takes less time by a
+    count of persistent rounds: ceil(tiles / 132) rounds, a 128x192 tile costing
+    1.34x a 128x128 one (measured: `_WIDE_TILE_COST`). That picks 128x192 at
+    8192^3 (1431 against 1278 TFLOP/s on an H100, B stored (N, K)) and 128x128 at
+    4096^3 (1238 against 1227), research/probes/fp8-clusters/run1. Block scales
+    run 2-CTA clusters along N (A's tile multicast to both; 1.01x cluster_m=2 in
+    the same run) from `_CLUSTER_MIN_TILES` tiles.
+
+    A consumer's two fp32 arrays cap the tile at 24576 elements; 128x192 loads
+    the fewest operand bytes per output among those, 128x128 17% more and 256x64
+    25% more than 128x128. M <= 128 gets 64-wide N tiles (twice the CTAs for a skinny problem, as the
     matmul's heuristic does for 16-bit). fp8 128x128: 32 KiB a stage, so 6
     stages with a bf16 or fp32 epilogue; a mixed pair's float16 operands: 64
     KiB a stage, 3 stages. On the H100 the fp8 default ran 1210 TFLOP/s at 8192^3
@@ -244,18 +267,33 @@ class PallasScaledMatmul(registry.Backend):
     skinny = problem.m <= 128
     tile_m = 128
     tile_n = matmul_pallas._pow2_at_least(problem.n, 64, 64 if skinny else 128)
+    tiles = lambda tn: problem.batch * _cdiv(problem.m, tile_m) * _cdiv(problem.n, tn)
+    rounds = lambda tn: _cdiv(tiles(tn), _HOPPER_SMS)
+    if (tile_n == 128 and problem.scale_kind != "block" and kernel_dtype(problem).itemsize == 1
+        and rounds(192) * _WIDE_TILE_COST < rounds(128)):
+      tile_n = 192
+    cluster_n = 2 if problem.scale_kind == "block" and tiles(tile_n) >= _CLUSTER_MIN_TILES \
+        else 1
     return fit_stages(problem, PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=BLOCK,
-                                            epi_tile_n=min(64, tile_n)), variant)
+                                            epi_tile_n=min(64, tile_n), cluster_n=cluster_n),
+                      variant)
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, PallasConfig]]:
     """The default variant's default config, 256x64 tiles, and the tile walk along M;
-    with block scales, also `warp_specialized`'s default."""
+    per tensor and per row/column, the other of 128x128 and 128x192 (fp8, M > 128);
+    with block scales, the default with clusters toggled and `warp_specialized`'s
+    default."""
     variant = self.default_variant(problem)
     default = self.default_config(problem, variant)
-    wide = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64,
+    tall = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64,
                                                    epi_tile_n=64), variant)
-    candidates = [(variant, default), (variant, wide),
+    candidates = [(variant, default), (variant, tall),
                   (variant, dataclasses.replace(default, grid_minor_m=True))]
+    if problem.scale_kind == "block":
+      candidates.append((variant, dataclasses.replace(default, cluster_n=3 - default.cluster_n)))
+    elif default.tile_n in (128, 192) and kernel_dtype(problem).itemsize == 1:
+      other = dataclasses.replace(default, tile_n=320 - default.tile_n)
+      candidates.append((variant, fit_stages(problem, other, variant)))
     if variant != DEFAULT_VARIANT:
       candidates.append((DEFAULT_VARIANT, self.default_config(problem, DEFAULT_VARIANT)))
     return candidates

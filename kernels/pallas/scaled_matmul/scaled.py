@@ -28,8 +28,10 @@ What differs, and why this is its own kernel rather than a switch on
   other's wgmma. The step's ring slot goes back to the producer as soon as its
   wgmma has finished.
 * Registers. A consumer holds two fp32 arrays of (tile_m / 2) x tile_n (the
-  step's wgmma accumulator and the promoted sum): tile_m * tile_n <= 16384
-  (128x128, 256x64, 128x64), as the GLU's dual accumulators.
+  step's wgmma accumulator and the promoted sum): tile_m * tile_n <= 24576
+  (128x192, 128x128, 256x64, 128x64): 192 of the 232 registers a consumer
+  gets at 128x192, which loads 17% fewer bytes a flop than 128x128 and ran
+  1.12x its rate per tensor (research/probes/fp8-clusters/run1).
 * Scales. The kernel takes a_scale as (batch, Ks, M) and b_scale as (batch,
   Ks, N) in fp32 (the wrapper lays them out): with block scales Ks = ceil(K /
   128), a_scale transposed so a K block's column of row scales is contiguous
@@ -53,8 +55,11 @@ GMEM in the K loop 667, and with `tma_scales` 1047 (1105 with B stored (N, K)),
 the pallas backend's default for block scales. Tried and slower per tensor
 (same run): two K steps per promotion (1222, and 1155 at four, whose error
 grew), and pairs of K steps in two accumulators with the second's wgmma issued
-before the first's promotion (1197). Possible next steps: 2-CTA clusters
-multicasting the shared operand, as rung 4.
+before the first's promotion (1197). On an H100 (research/probes/fp8-clusters/run1,
+B stored (N, K)): 128x192 tiles 1431 / 1398 TFLOP/s at 8192^3 / 8192x4096x14336
+against 1278 / 1244 at 128x128 (4096^3: 1227 against 1238, the last round of
+tiles part idle); 2-CTA clusters per tensor 0.97-1.01x, with block scales
+1.04-1.06x at those two shapes and 0.98x at 4096^3.
 
 `tma_scales` (variant `warp_specialized_tma_scales`, block scales only): the
 answer DeepGEMM gives to the scale loads' cost, in the same body behind a
@@ -101,8 +106,10 @@ from jaxgemm.kernels.pallas.matmul import warp_specialized as ws
 # 128-byte swizzle row of each operand's SMEM tile.
 BLOCK = 128
 EPI_TILE_M = ws.EPI_TILE_M
-# Both fp32 arrays of a consumer warpgroup: at most 128 registers per thread.
-MAX_ACC_ELEMENTS = 2 * 64 * 128
+# Both fp32 arrays of a consumer warpgroup: at most 192 of its 232 registers a thread
+# (128x192 tiles, 1.12x the 128x128 tiles' rate per tensor with B stored (N, K):
+# research/probes/fp8-clusters/run1).
+MAX_ACC_ELEMENTS = 2 * 64 * 192
 # With `tma_scales`, the floats of b_scale's column vector the producer copies
 # per K step: 128 bytes, because a TMA copy's SMEM destination must be 128-byte
 # aligned and the slots of a (stages, box) buffer lie box * 4 bytes apart (a
@@ -399,7 +406,7 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
                      f"must be {BLOCK}")
   if tm // 2 * tn * 2 > MAX_ACC_ELEMENTS:
     raise ValueError(f"two fp32 arrays of (tile_m / 2) x tile_n per consumer: tile_m={tm}, "
-                     f"tile_n={tn} need more than 128 registers per thread")
+                     f"tile_n={tn} need more than 192 registers per thread")
   out_dtype = jnp.dtype(problem.out_dtype)
   epi_tn = min(config.epi_tile_n, tn)
   per_block = scale_kind == "block"
