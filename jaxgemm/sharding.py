@@ -137,6 +137,33 @@ def with_vmapped_dim(sharding: NamedSharding | None, axis_data, dim: int):
       partitions=partitions[:dim] + (entry,) + partitions[dim:]))
 
 
+def split_dim(entry, count: int, size: int, axis_sizes: Mapping[str, int]) -> tuple:
+  """The PartitionSpec entries of (count, size) for a dimension sharded as `entry` and
+  reshaped into `count` blocks of `size`, keeping each device's elements where it is:
+  as jax's reshape splits one dimension, the major axes on the count until it is used
+  up, the rest on the block. (None, None) where an axis does not divide what it would
+  shard (then the split moves data: that dimension is gathered).
+
+  >>> split_dim(("x", "y"), 2, 128, {"x": 2, "y": 4})
+  ('x', 'y')
+  >>> split_dim("y", 2, 128, {"y": 4})
+  (None, None)
+  """
+  axes = _axes_of(entry)
+  outer = []
+  for axis in axes:
+    if count == 1:
+      break
+    if count % axis_sizes[axis]:
+      return None, None
+    count //= axis_sizes[axis]
+    outer.append(axis)
+  inner = axes[len(outer):]
+  if size % math.prod(axis_sizes[a] for a in inner):
+    return None, None
+  return _entry(outer), _entry(inner)
+
+
 # ---------------------------------------------------------------- the rule
 
 _FACTOR = re.compile(r"[A-Za-z_][A-Za-z_0-9]*\Z")

@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import PartitionSpec as P
 
+from jaxgemm import sharding
 from jaxgemm.ops.scaled_matmul import cast_transpose
 from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, SCALE_DTYPES
 
@@ -141,13 +143,36 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32)
   *lead, rows, cols = x.shape
   nr, nc = math.ceil(rows / br), math.ceil(cols / bc)
   padded = jnp.pad(x32, [(0, 0)] * len(lead) + [(0, nr * br - rows), (0, nc * bc - cols)])
-  blocked = padded.reshape(*lead, nr, br, nc, bc)
+  view_sharding, padded_sharding = _block_view_shardings(padded, nr, nc)
+  blocked = padded.reshape(*lead, nr, br, nc, bc, out_sharding=view_sharding)
   amax = _amax(blocked, axis=(-3, -1)) if blocked.size else jnp.zeros(
       (*lead, nr, nc), jnp.float32)
   scale = scale_of(amax)                                      # (..., nr, nc)
-  inv = jnp.repeat(jnp.repeat(1 / scale, br, axis=-2), bc, axis=-1)[..., :rows, :cols]
-  q = _clip(x32 * inv, fmax).astype(dtype)
+  # Each block times its scale's reciprocal, broadcast over the block: the products
+  # a repeat of the scales gave, with no repeat (which Explicit mesh axes refuse).
+  scaled = (blocked * (1 / scale)[..., :, None, :, None]).reshape(
+      padded.shape, out_sharding=padded_sharding)[..., :rows, :cols]
+  q = _clip(scaled, fmax).astype(dtype)
   return q, scale.astype(scale_dtype)
+
+
+def _block_view_shardings(padded, nr, nc):
+  """The shardings of `padded` (..., R, C) viewed as (..., nr, R/nr, nc, C/nc) blocks and
+  back, as `reshape`'s out_sharding; (None, None) where its type shards nothing.
+
+  With Explicit mesh axes jax's reshape rule splits one dimension only and asks for
+  the result's sharding otherwise, so it is given: each dimension's mesh axes go where
+  the view keeps every device's elements in place (`sharding.split_dim`), or, where
+  they cannot (fewer blocks than shards), that dimension is gathered, as quantizing
+  a block across devices needs.
+  """
+  typed = jax.typeof(padded).sharding   # an aval's spec has an entry per dimension
+  if all(entry is None for entry in typed.spec):
+    return None, None
+  *lead, rows, cols = typed.spec
+  view = (*lead, *sharding.split_dim(rows, nr, padded.shape[-2] // max(nr, 1), typed.mesh.shape),
+          *sharding.split_dim(cols, nc, padded.shape[-1] // max(nc, 1), typed.mesh.shape))
+  return typed.update(spec=P(*view)), typed
 
 
 # The blocks `quantize_pair` takes (for x and for x^T): those the FP8 GEMMs take, and
