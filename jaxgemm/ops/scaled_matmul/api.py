@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgemm import sharding
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops.matmul import api as matmul_api
 from jaxgemm.ops.scaled_matmul.primitive import bind
@@ -68,8 +69,9 @@ def _scale_kind(scale, name: str, batch: tuple[int, ...], kinds: dict, transpose
 
 
 def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=None,
-                  trans_a: bool = False, trans_b: bool = False, backend: str = "auto",
-                  variant: str | None = None, config: KernelConfig | None = None) -> jax.Array:
+                  trans_a: bool = False, trans_b: bool = False, out_sharding=None,
+                  backend: str = "auto", variant: str | None = None,
+                  config: KernelConfig | None = None) -> jax.Array:
   """`(a * a_scale) @ (b * b_scale)` of fp8 operands, accumulated in fp32, in `out_dtype`.
 
   Args:
@@ -104,6 +106,11 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
       (the same w8 and w_scale), and wgrad dW = X^T dY is
       `scaled_matmul(x8, dy8, x_scale, dy_scale, trans_a=True)` with x8 quantized
       in blocks along M (`quantize(x, block=(128, 1))`, scale (ceil(M/128), K)).
+    out_sharding: the result's sharding on a mesh with Explicit axes (a
+      NamedSharding, or a PartitionSpec under `jax.set_mesh`), as for
+      `jnp.matmul`: needed where K is sharded on both operands and the result's
+      sharding is ambiguous (jax's ShardingTypeError says so). None: the
+      sharding `lax.dot_general` gives the product.
     backend: "auto" (the fastest known choice; XLA's program where nothing is
       known), or one of `jaxgemm.backends("scaled_matmul")`.
     variant, config: a kernel of the backend and its config, as for `jaxgemm.matmul`.
@@ -131,6 +138,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
   if out_dtype not in OUT_DTYPES:
     raise TypeError(f"scaled_matmul's out_dtype must be one of {_names(OUT_DTYPES)}; "
                     f"got out_dtype={out_dtype}")
+  out_sharding = sharding.canonical_out_sharding(out_sharding, "scaled_matmul")
   m, k = (a.shape[-1], a.shape[-2]) if trans_a else a.shape[-2:]
   k_b, n = (b.shape[-1], b.shape[-2]) if trans_b else b.shape[-2:]
   if k != k_b:
@@ -190,4 +198,4 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
   route = matmul_api._route(problem, backend, variant, config, None)
   return bind(a, b, a_scale.astype(scale_dtype), b_scale.astype(scale_dtype),
               trans_a=trans_a, trans_b=trans_b, ndims=ndims, out_dtype=out_dtype,
-              scale_kind=kind, precision=precision, **route)
+              scale_kind=kind, precision=precision, out_sharding=out_sharding, **route)

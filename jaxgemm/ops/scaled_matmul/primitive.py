@@ -6,12 +6,14 @@ dimension each; `trans_a`: a stored (*batch, K, *M), `trans_b`: b stored
 (*batch, N, K)). The scales are in the logical orientation of op(A) and op(B)
 (`ScaledMatmulProblem` lists the shapes; here with the batch and M groups in
 full): "tensor" (), (); "row_col" (*batch, *M, 1), (*batch, 1, N); "block"
-(*batch, *M, ceil(K/128)), (*batch, ceil(K/128), ceil(N/128)).
+(*batch, *M, ceil(K/128)), (*batch, ceil(K/128), ceil(N/128)). The param
+`out_sharding` is the result's sharding in its type (None: the rule's, as for
+`lax.dot_general`).
 
 Rules: abstract eval (lax.dot_general's, for the result's sharding and
 shard_map's varying axes), the lowering (per problem, through
-`jaxgemm.dispatch`, as matmul_p's), batching, sharding through
-`jaxgemm.sharding`. No differentiation: the JVP rule raises (see
+`jaxgemm.dispatch`, as matmul_p's), batching (`out_sharding` with the mapped
+axis), sharding through `jaxgemm.sharding`. No differentiation: the JVP rule raises (see
 `jaxgemm.ops.scaled_matmul`).
 
 Sharding (`sharding_rule`, `_local_call`): batch, M and N shard with no
@@ -34,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching
+from jax.interpreters import ad
 
 from jaxgemm import registry, sharding
 from jaxgemm.ops import rules
@@ -109,20 +111,28 @@ def problem_of(a, b, a_scale, b_scale, *, trans_a, trans_b, ndims, out_dtype, sc
 
 def bind(a, b, a_scale, b_scale, *, trans_a=False, trans_b=False,
          ndims=matmul_primitive.DEFAULT_NDIMS, out_dtype, scale_kind, precision=None,
-         backend="auto", variant=None, config=None):
-  """scaled_matmul_p.bind with every param (shard_map: invariant operands cast to varying)."""
+         backend="auto", variant=None, config=None, out_sharding=None):
+  """scaled_matmul_p.bind with every param (shard_map: invariant operands cast to varying).
+
+  `out_sharding` is None or a NamedSharding (`sharding.canonical_out_sharding`), as
+  matmul_p's.
+  """
   a, b, a_scale, b_scale = sharding.insert_pvary(a, b, a_scale, b_scale)
   return scaled_matmul_p.bind(
       a, b, a_scale, b_scale, trans_a=bool(trans_a), trans_b=bool(trans_b),
       ndims=tuple(ndims), out_dtype=np.dtype(out_dtype), scale_kind=scale_kind,
-      precision=precision, backend=backend, variant=variant, config=config)
+      precision=precision, backend=backend, variant=variant, config=config,
+      out_sharding=out_sharding)
 
 
 def _abstract_eval(a, b, a_scale, b_scale, **params):
   problem = problem_of(a, b, a_scale, b_scale, **params)
+  # lax.dot_general's rule types the result as matmul_p's does (Explicit mesh axes,
+  # jax's "ambiguous" error for a sharded K without out_sharding, shard_map's axes).
   out, _ = lax.dot_general_p.abstract_eval(
       a, b.update(dtype=a.dtype), dimension_numbers=matmul_primitive.dimension_numbers(**params),
-      precision=None, preferred_element_type=np.dtype(np.float32), out_sharding=None)
+      precision=None, preferred_element_type=np.dtype(np.float32),
+      out_sharding=params.get("out_sharding"))
   return out.update(dtype=problem.out_dtype, weak_type=False)
 
 
@@ -145,11 +155,14 @@ def _jvp(primals, tangents, **params):
 # ---------------------------------------------------------------- batching
 
 
-def _batch_rule(args, dims, **params):
+def _batch_rule(axis_data, args, dims, *, out_sharding=None, **params):
   """vmap: a mapped a (with its scale) joins M, reusing b and b_scale unbroadcast;
   otherwise the mapped axis becomes a leading batch dimension (unmapped operands
   broadcast). A mapped per-tensor scale becomes per-row/column scales (the
-  broadcast costs M + N floats per batch entry)."""
+  broadcast costs M + N floats per batch entry). `out_sharding` gets the mapped
+  axis inserted, as matmul_p's rule does."""
+  if all(d is None for d in dims):   # an axis-aware batcher is called for these too
+    return scaled_matmul_p.bind(*args, out_sharding=out_sharding, **params), None
   a, b, a_scale, b_scale = args
   da, db, dsa, dsb = dims
   size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
@@ -160,7 +173,9 @@ def _batch_rule(args, dims, **params):
     a = jnp.moveaxis(a, da, nb + (1 if trans_a else 0))   # the front of a's M group
     if kind != "tensor":
       a_scale = moved(a_scale, dsa, nb, size)
-    out = scaled_matmul_p.bind(a, b, a_scale, b_scale, **{**params, "ndims": (nb, nm + 1, 1, 1)})
+    out = scaled_matmul_p.bind(a, b, a_scale, b_scale, **{
+        **params, "ndims": (nb, nm + 1, 1, 1),
+        "out_sharding": sharding.with_vmapped_dim(out_sharding, axis_data, nb)})
     return out, nb
   a, b = moved(a, da, 0, size), moved(b, db, 0, size)
   if tensor_mapped:
@@ -173,8 +188,10 @@ def _batch_rule(args, dims, **params):
     kind = "row_col"
   elif kind != "tensor":
     a_scale, b_scale = moved(a_scale, dsa, 0, size), moved(b_scale, dsb, 0, size)
-  out = scaled_matmul_p.bind(a, b, a_scale, b_scale,
-                             **{**params, "ndims": (nb + 1, nm, 1, 1), "scale_kind": kind})
+  out = scaled_matmul_p.bind(
+      a, b, a_scale, b_scale, **{**params, "ndims": (nb + 1, nm, 1, 1), "scale_kind": kind,
+                                 "out_sharding": sharding.with_vmapped_dim(out_sharding,
+                                                                           axis_data, 0)})
   return out, 0
 
 
@@ -235,7 +252,7 @@ def _local_call(bind_local, operands, params, plan: sharding.Plan):
 scaled_matmul_p.def_impl(_impl)
 scaled_matmul_p.def_abstract_eval(_abstract_eval)
 ad.primitive_jvps[scaled_matmul_p] = _jvp
-batching.primitive_batchers[scaled_matmul_p] = _batch_rule
+sharding.AXIS_AWARE_BATCHERS[scaled_matmul_p] = _batch_rule
 scaled_matmul_local_p = sharding.make_partitionable(
     scaled_matmul_p, sharding_rule,
     {platform: rules.kernel_lowering(
