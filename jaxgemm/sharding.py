@@ -122,6 +122,18 @@ def canonical_out_sharding(out_sharding, api_name: str) -> NamedSharding | None:
   return _CANONICALIZE_SHARDING(out_sharding, api_name)
 
 
+def type_sharding(aval) -> NamedSharding | None:
+  """The sharding in `aval`'s type, as an `out_sharding=` for a value stored as it is (a
+  gradient GEMM's result, which takes its primal's, as `dot_general`'s transpose does);
+  None where the type has no mesh (the GEMM's rule decides).
+
+  >>> import jax.numpy as jnp
+  >>> type_sharding(jax.typeof(jnp.ones(2))) is None
+  True
+  """
+  return None if aval.sharding.mesh.empty else aval.sharding
+
+
 def with_vmapped_dim(sharding: NamedSharding | None, axis_data, dim: int):
   """`sharding` (of a batched result) with the vmapped axis inserted at `dim`, sharded
   on the explicit mesh axes vmap maps it over (as jax's own batching rules do).

@@ -3,7 +3,8 @@
 `kernel_lowering` is their lowering rule, written once: the problem from the avals, the
 kernel from `jaxgemm.dispatch`, the operands reshaped to the problem's canonical 3-D
 shapes (merging a group of dimensions is a bitcast), and under backend="auto" XLA when the
-chosen kernel cannot be built. `moved` is the batching rules' one operand move.
+chosen kernel cannot be built; `without_sharding_types` is how a kernel lowering sees
+its operands. `moved` is the batching rules' one operand move.
 """
 
 from __future__ import annotations
@@ -33,6 +34,14 @@ def _lower_choice(ctx, operands, problem, choice: dispatch.Choice, platform, can
   return mlir.lower_fun(as_3d, multiple_results=multiple_results)(ctx, *operands)
 
 
+def without_sharding_types(ctx):
+  """`ctx` with plain avals (shape and dtype) in and out, for a kernel's lowering: the
+  kernel runs on one device's operands, to which their (global) sharding types do not
+  apply, and they would make its reshapes ask for a sharding."""
+  plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
+  return ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
+
+
 def kernel_lowering(problem_of: Callable, canonical_shapes: Callable, *, platform: str,
                     multiple_results: bool) -> Callable:
   """The lowering rule of a primitive on `platform`.
@@ -42,9 +51,7 @@ def kernel_lowering(problem_of: Callable, canonical_shapes: Callable, *, platfor
   """
   def lowering(ctx, *operands, **params):
     problem = problem_of(*ctx.avals_in, **params)
-    # The kernel runs on one device's operands: their sharding types do not apply to it.
-    plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
-    ctx = ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
+    ctx = without_sharding_types(ctx)
     lower = lambda choice: _lower_choice(ctx, operands, problem, choice, platform,
                                          canonical_shapes(problem), multiple_results)
     if problem.is_empty:   # K = 0 (or nothing to store): XLA's program handles it

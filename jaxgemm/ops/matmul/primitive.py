@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -40,6 +39,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, mlir
 
 from jaxgemm import dispatch, registry, sharding
+from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op, normal_operands
 from jaxgemm.ops.matmul.problem import GemmProblem
 
@@ -168,10 +168,7 @@ def _abstract_eval(a, b, **params):
 def _lowering(ctx, a, b, *, platform, **params):
   a_aval, b_aval = ctx.avals_in
   problem = problem_of(a_aval, b_aval, **params)
-  # The kernel runs on one device's operands: their sharding types (global) do
-  # not apply to it, and would make its reshapes ask for one.
-  plain = lambda avals: [jax.core.ShapedArray(x.shape, x.dtype) for x in avals]
-  ctx = ctx.replace(avals_in=plain(ctx.avals_in), avals_out=plain(ctx.avals_out))
+  ctx = rules.without_sharding_types(ctx)
   if problem.is_empty:
     # No kernel for an empty product: K=0 sums nothing, so the answer is zeros.
     impl = lambda a, b: jnp.zeros(ctx.avals_out[0].shape, problem.out_dtype)
@@ -209,12 +206,11 @@ def _backward(x_aval, params, lhs, rhs, trans_lhs, trans_rhs, ndims):
   # The result is stored as the primal operand is, so it takes that sharding, as
   # dot_general's transpose does: with Explicit axes a backward GEMM over a
   # sharded K (the weight gradient of data parallel) is otherwise "ambiguous".
-  out_sharding = None if x_aval.sharding.mesh.empty else x_aval.sharding
   return bind(lhs, rhs, trans_a=trans_lhs, trans_b=trans_rhs,
               out_dtype=x_aval.dtype, acc_dtype=params["acc_dtype"],
               precision=params["precision"], backend=params["backend"],
               variant=params["variant"], config=params["config"], ndims=ndims,
-              out_sharding=out_sharding)
+              out_sharding=sharding.type_sharding(x_aval))
 
 
 def _transpose_lhs(ct, a, b, *, trans_a, trans_b, ndims=DEFAULT_NDIMS, **params):

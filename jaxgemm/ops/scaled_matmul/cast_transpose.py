@@ -33,8 +33,10 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
+from jax.sharding import PartitionSpec as P
 
 from jaxgemm import sharding
+from jaxgemm.ops import rules
 from jaxgemm.ops.scaled_matmul.problem import BLOCK
 
 cast_transpose_p = Primitive("jaxgemm_cast_transpose")
@@ -61,13 +63,26 @@ def scale_shape(mode, rows, cols):
 
 @cast_transpose_p.def_abstract_eval
 def _abstract_eval(x, _, *, dtype, scale_dtype, modes, shape):
+  """The results' types, with the shardings `sharding_rule` gives them (Explicit mesh
+  axes): q x's, q^T its transpose, a scale's row (column) dimension x's rows' (columns'),
+  its block dimensions whole."""
   del shape
   r, c = x.shape
-  q, q_t = jax.core.ShapedArray((r, c), dtype), jax.core.ShapedArray((c, r), dtype)
-  if modes == ("tensor", "tensor"):
-    return q, q_t
-  return (q, jax.core.ShapedArray(scale_shape(modes[0], r, c), scale_dtype),
-          q_t, jax.core.ShapedArray(scale_shape(modes[1], c, r), scale_dtype))
+  shapes = [(r, c), (c, r)]
+  dtypes = [dtype, dtype]
+  if modes != ("tensor", "tensor"):
+    shapes = [shapes[0], scale_shape(modes[0], r, c), shapes[1], scale_shape(modes[1], c, r)]
+    dtypes = [dtype, scale_dtype, dtype, scale_dtype]
+  return [x.update(shape=s, dtype=d, weak_type=False, sharding=typed)
+          for s, d, typed in zip(shapes, dtypes, _result_shardings(x, modes))]
+
+
+def _result_shardings(x, modes):
+  """Each result's sharding by the rule: a factor of x takes x's mesh axes; the block
+  factors, which the rule keeps whole, none (a scalar scale operand is replicated)."""
+  rule = sharding_rule(modes=modes)
+  axes = dict(zip(rule.operands[0], x.sharding.spec))
+  return [x.sharding.update(spec=P(*(axes.get(f) for f in dims))) for dims in rule.results]
 
 
 def _kernel(x, scale, *, dtype, scale_dtype, modes, platform):
@@ -85,7 +100,8 @@ def _lowering(platform):
     per_tensor = modes == ("tensor", "tensor")
     kernel = lambda x, second: _kernel(x, second if per_tensor else None, dtype=dtype,
                                        scale_dtype=scale_dtype, modes=modes, platform=platform)
-    return mlir.lower_fun(kernel, multiple_results=True)(ctx, x, second)
+    return mlir.lower_fun(kernel, multiple_results=True)(rules.without_sharding_types(ctx),
+                                                         x, second)
   return lowering
 
 
