@@ -149,6 +149,19 @@ def with_vmapped_dim(sharding: NamedSharding | None, axis_data, dim: int):
       partitions=partitions[:dim] + (entry,) + partitions[dim:]))
 
 
+def leading_dims_merged(sharding: NamedSharding, ndim: int) -> NamedSharding:
+  """`sharding` (of an `ndim`-D array) for the array reshaped to 2-D, (-1, last): the
+  leading dimensions' mesh axes on the merged rows, major first, as jax's reshape
+  merges a dimension sharded ahead of unsharded ones.
+
+  >>> mesh = jax.sharding.AbstractMesh((2, 4), ("x", "y"))
+  >>> leading_dims_merged(NamedSharding(mesh, P("x")), 3).spec
+  P('x', None)
+  """
+  *lead, last = _padded(sharding.spec, max(ndim, 1))
+  return sharding.update(spec=P(_entry([a for entry in lead for a in _axes_of(entry)]), last))
+
+
 def split_dim(entry, count: int, size: int, axis_sizes: Mapping[str, int]) -> tuple:
   """The PartitionSpec entries of (count, size) for a dimension sharded as `entry` and
   reshaped into `count` blocks of `size`, keeping each device's elements where it is:

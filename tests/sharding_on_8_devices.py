@@ -833,6 +833,83 @@ def test_fp8_training_with_the_triton_quantizer_gathers_no_operand(partitioner, 
     np.testing.assert_array_equal(np.asarray(g, F32), np.asarray(w, F32))
 
 
+@pytest.mark.parametrize("scaling", ["tensor", "block"])
+@pytest.mark.parametrize("quantizer", ["xla", "triton"])
+@pytest.mark.parametrize("x_spec, w_spec, out_spec, out_dtype", [
+    pytest.param(P("x", None), P(None, "y"), None, jnp.bfloat16, id="w-on-n"),
+    # The forward sums its devices' partial products in its result dtype: float32 here,
+    # so that the loss is the unsharded one's to the same tolerance.
+    pytest.param(P("x", "y"), P("y", None), P("x", None), F32, id="w-on-k"),
+])
+def test_fp8_training_on_explicit_axes(scaling, quantizer, x_spec, w_spec, out_spec, out_dtype,
+                                       quantizer_as_xla):
+  """The FP8 step on an Explicit (2, 4) mesh, rows over "x", W's N (column parallel) or
+  K (row parallel, x's K too) over "y": the loss and gradients equal the unsharded
+  step's (the Auto-axes test's tolerances: a sharded contraction sums bf16 partials),
+  each gradient typed with its primal's sharding. Where K is sharded the forward needs
+  `out_sharding`; without it jax's ShardingTypeError, as jnp.matmul's."""
+  mesh = explicit_mesh((2, 4), ("x", "y"))
+  r = np.random.default_rng(5)
+  x = jnp.asarray(r.standard_normal((256, 512)), jnp.bfloat16)   # 128-blocks per device
+  w = jnp.asarray(r.standard_normal((512, 512)) / 16, jnp.bfloat16)
+  recipe = dataclasses.replace(jaxgemm.Fp8Recipe.named(scaling), quantize_backend=quantizer)
+
+  def step(out_sharding):
+    loss = lambda x, w: (jaxgemm.matmul(x, w, fp8=recipe, preferred_element_type=out_dtype,
+                                        backend="xla", out_sharding=out_sharding
+                                        ).astype(F32) ** 2).sum()
+    return jax.jit(jax.value_and_grad(loss, (0, 1)))
+  want_loss, want_grads = step(None)(x, w)
+  with jax.set_mesh(mesh):
+    xs, ws = jax.device_put(x, x_spec), jax.device_put(w, w_spec)
+    if out_spec is not None:
+      with pytest.raises(Exception, match="ambiguous") as jax_error:   # ShardingTypeError
+        jnp.matmul(xs, ws)
+      with pytest.raises(type(jax_error.value), match="ambiguous"):
+        step(None)(xs, ws)
+    got_loss, got_grads = step(out_spec)(xs, ws)
+  np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+  for g, wnt, spec in zip(got_grads, want_grads, (x_spec, w_spec)):
+    assert jax.typeof(g).sharding.spec == spec
+    g, wnt = np.asarray(g, F32), np.asarray(wnt, F32)
+    assert np.linalg.norm(g - wnt) / np.linalg.norm(wnt) < 2.0**-7
+
+
+def test_fp8_per_example_grads_on_explicit_axes():
+  """vmap(grad) over a batch sharded on an Explicit axis: scaled_matmul_p's batching
+  rule puts the mapped axis into the backward GEMMs' out_sharding, and the per-example
+  gradients equal the unsharded ones (dX to the tolerance above: N is sharded)."""
+  mesh = explicit_mesh((2, 4), ("x", "y"))
+  r = np.random.default_rng(6)
+  x = jnp.asarray(r.standard_normal((2, 128, 512)), jnp.bfloat16)
+  w = jnp.asarray(r.standard_normal((512, 512)) / 16, jnp.bfloat16)
+  loss = lambda w, x: (jaxgemm.matmul(x, w, fp8="block", backend="xla").astype(F32) ** 2).sum()
+  per_example = jax.jit(jax.vmap(jax.grad(loss, (0, 1)), (None, 0)))
+  want = per_example(w, x)
+  with jax.set_mesh(mesh):
+    got = per_example(jax.device_put(w, P(None, "y")), jax.device_put(x, P("x")))
+  for g, wnt, spec in zip(got, want, (P("x", None, "y"), P("x", None, None))):
+    assert jax.typeof(g).sharding.spec == spec
+    g, wnt = np.asarray(g, F32), np.asarray(wnt, F32)
+    assert np.linalg.norm(g - wnt) / np.linalg.norm(wnt) < 2.0**-7
+
+
+@pytest.mark.parametrize("modes", [("tensor", "tensor"), ("row", "tile")], ids=str)
+def test_triton_quantizer_types_carry_its_rules_shardings(modes):
+  """cast_transpose_p's result types (Explicit axes) are the shardings its rule gives
+  the results: q x's, q^T the transpose, a row scale's rows x's rows', block
+  dimensions whole; a per-tensor scale replicated."""
+  from jaxgemm.ops.scaled_matmul.quantize import quantize_pair
+  blocks = {"tensor": None, "row": (1, 128), "tile": (128, 128)}
+  with jax.set_mesh(explicit_mesh((2, 4), ("x", "y"))):
+    x = jax.device_put(jnp.zeros((256, 512), jnp.bfloat16), P("x", "y"))
+    types = jax.eval_shape(lambda x: quantize_pair(x, jnp.float8_e4m3fn, blocks[modes[0]],
+                                                   blocks[modes[1]], backend="triton"), x)
+  want = {("tensor", "tensor"): [P("x", "y"), P(), P("y", "x"), P()],
+          ("row", "tile"): [P("x", "y"), P("x", None), P("y", "x"), P(None, None)]}[modes]
+  assert [t.sharding.spec for t in types] == want
+
+
 # ---------------------------------------------------------------- the benchmark's suite
 
 

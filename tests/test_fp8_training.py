@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import jaxgemm
 from gemm_testing import as_f64
@@ -184,6 +185,32 @@ def test_auto_quantizer_is_the_kernel_on_a_gpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert recipe._quantizer() == "triton" == Fp8Recipe.named("block")._quantizer()
   assert dataclasses.replace(recipe, quantize_backend="xla")._quantizer() == "xla"
+
+
+def test_out_sharding_is_the_results_and_the_gradients_keep_their_primals(rng):
+  """out_sharding as jnp.matmul takes it, in matmul(..., fp8=) and scaled_matmul (here a
+  1-device Explicit mesh; 8 devices: tests/sharding_on_8_devices.py): the result's
+  type, the same values, gradients typed as their primals; and jax's own error for a
+  PartitionSpec with no mesh set."""
+  x, w, _ = inputs(rng, m=16)
+  f = lambda x, w, **kw: jaxgemm.matmul(x, w, fp8="block", backend="xla", **kw)
+  (x8, sx), (w8, sw) = jaxgemm.quantize(x), jaxgemm.quantize(w)
+  scaled = lambda **kw: jaxgemm.scaled_matmul(x8, w8, sx, sw, backend="xla", **kw)
+  want = f(x, w)
+  with jax.set_mesh(jax.make_mesh((1,), ("d",), axis_types=(jax.sharding.AxisType.Explicit,))):
+    xs = jax.device_put(x, P("d", None))
+    y = jax.jit(lambda x, w: f(x, w, out_sharding=P(None, "d")))(xs, w)
+    dx, dw = jax.grad(lambda x, w: f(x, w, out_sharding=P(None, "d")).astype(F32).sum(),
+                      (0, 1))(xs, w)
+    assert jax.typeof(scaled(out_sharding=P(None, "d"))).sharding.spec == P(None, "d")
+  assert jax.typeof(y).sharding.spec == P(None, "d")
+  assert (jax.typeof(dx).sharding.spec, jax.typeof(dw).sharding.spec) == (P("d", None),
+                                                                          P(None, None))
+  np.testing.assert_array_equal(np.asarray(y, F32), np.asarray(want, F32))
+  for call in (lambda: f(x, w, out_sharding=P("d", None)),
+               lambda: scaled(out_sharding=P("d", None))):
+    with pytest.raises(ValueError, match="set_mesh"):   # jnp.matmul's error
+      call()
 
 
 @pytest.mark.parametrize("call,error,match", [

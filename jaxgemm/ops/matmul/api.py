@@ -140,7 +140,8 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
       `jaxgemm.Fp8Recipe`. The forward GEMM and the backward's dgrad and wgrad
       GEMMs then run in FP8 (`jaxgemm.scaled_matmul`) on operands quantized on
       the fly (`jaxgemm.ops.scaled_matmul.training`); b must be 2-D (K, N), and
-      an epilogue runs as XLA ops after the GEMM.
+      an epilogue runs as XLA ops after the GEMM. `out_sharding` is the forward
+      GEMM's; the gradients take their primals' shardings.
     precision: None, a `lax.Precision` (or its name) or a pair of them. For
       float32 operands, DEFAULT uses TF32 tensor cores on GPU and HIGHEST (or
       HIGH) exact fp32.

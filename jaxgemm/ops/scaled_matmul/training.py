@@ -30,7 +30,9 @@ promoted input dtype, as jnp.matmul's). jit, grad (first order; the VJP is a
 `jax.custom_vjp`, so forward-mode `jax.jvp` is not defined) and vmap (through
 `scaled_matmul_p`'s batching rule) apply; a sharded X or W shards the GEMMs as
 `scaled_matmul` does, and per-tensor amaxes reduce over the whole array under
-`jit` (XLA inserts the collective).
+`jit` (XLA inserts the collective). With Explicit mesh axes the result takes
+`out_sharding` as jnp.matmul's does (needed where X and W are both sharded
+along K), and dX and dW their primals' shardings, as `matmul_p`'s backward.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgemm import sharding
 from jaxgemm.ops.scaled_matmul.api import scaled_matmul
 from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, OUT_DTYPES, SCALE_DTYPES
 from jaxgemm.ops.scaled_matmul.quantize import E8M0, QUANTIZE_BACKENDS, quantize_pair
@@ -158,8 +161,11 @@ class Fp8Recipe:
     return "triton" if jax.default_backend() == "gpu" else "xla"
 
 
-def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype) -> jax.Array:
+def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype, out_sharding=None) -> jax.Array:
   """`x @ w` with X (..., K) and W (K, N) through three FP8 GEMMs (the module docstring).
+
+  `out_sharding` (None or a NamedSharding, `jaxgemm.sharding.canonical_out_sharding`)
+  is the (..., N) result's, as jnp.matmul's; the dgrad and wgrad take their primals'.
 
   >>> import jax, jax.numpy as jnp
   >>> x = jnp.ones((256, 256), jnp.bfloat16); w = jnp.full((256, 128), 0.5, jnp.bfloat16)
@@ -170,33 +176,44 @@ def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype) -> jax.Array:
   dtype(bfloat16)
   """
   k, n = w.shape
-  y = _fp8_matmul(recipe, np.dtype(out_dtype), np.dtype(x.dtype), np.dtype(w.dtype),
-                  x.reshape(-1, k), w)
-  return y.reshape(*x.shape[:-1], n)
+  x2 = x.reshape(-1, k)
+  rows_out = None if out_sharding is None else sharding.leading_dims_merged(out_sharding, x.ndim)
+  y = _fp8_matmul(recipe, (np.dtype(out_dtype), rows_out), _type_of(x2), _type_of(w), x2, w)
+  return y.reshape(*x.shape[:-1], n, out_sharding=out_sharding)
 
 
-def _gemm(recipe, a8, b8, sa, sb, out_dtype, **trans):
-  return scaled_matmul(a8, b8, sa, sb, out_dtype=out_dtype, backend=recipe.backend, **trans)
+def _type_of(x):
+  """(dtype, sharding or None): the type a GEMM gives x's gradient (`_backward`)."""
+  return np.dtype(x.dtype), sharding.type_sharding(jax.typeof(x))
 
 
-def _forward(recipe, out_dtype, x_dtype, w_dtype, x, w):
+def _gemm(recipe, a8, b8, sa, sb, out_type, **trans):
+  out_dtype, out_sharding = out_type
+  return scaled_matmul(a8, b8, sa, sb, out_dtype=out_dtype, out_sharding=out_sharding,
+                       backend=recipe.backend, **trans)
+
+
+def _forward(recipe, out_type, x_type, w_type, x, w):
   """Y of a 2-D X, and what the backward needs (arrays only)."""
   x8, sx, x8t, sxt = recipe.quantize_pair(x, "x")
   w8, sw, w8t, swt = recipe.quantize_pair(w, "w")
-  y = _gemm(recipe, x8, w8t, sx, swt, out_dtype, trans_b=True)
+  y = _gemm(recipe, x8, w8t, sx, swt, out_type, trans_b=True)
   return y, (x8t, sxt, w8, sw)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _fp8_matmul(recipe, out_dtype, x_dtype, w_dtype, x, w):
-  return _forward(recipe, out_dtype, x_dtype, w_dtype, x, w)[0]
+def _fp8_matmul(recipe, out_type, x_type, w_type, x, w):
+  return _forward(recipe, out_type, x_type, w_type, x, w)[0]
 
 
-def _backward(recipe, out_dtype, x_dtype, w_dtype, saved, dy):
+def _backward(recipe, out_type, x_type, w_type, saved, dy):
+  # Each gradient in its primal's dtype and sharding, as matmul_p's backward GEMMs:
+  # with Explicit mesh axes the dgrad over a sharded N and the wgrad over sharded
+  # rows would otherwise be "ambiguous" (jax's ShardingTypeError).
   x8t, sxt, w8, sw = saved
   dy8, sdy, dy8t, sdyt = recipe.quantize_pair(dy, "dy")
-  dx = _gemm(recipe, dy8, w8, sdy, sw, x_dtype, trans_b=True)
-  dw = _gemm(recipe, x8t, dy8t, sxt, sdyt, w_dtype, trans_b=True)
+  dx = _gemm(recipe, dy8, w8, sdy, sw, x_type, trans_b=True)
+  dw = _gemm(recipe, x8t, dy8t, sxt, sdyt, w_type, trans_b=True)
   return dx, dw
 
 
@@ -207,7 +224,9 @@ def matmul(a, b, fp8, *, bias=None, activation=None, residual=None, precision=No
            preferred_element_type=None, out_sharding=None, backend="auto", variant=None,
            config=None) -> jax.Array:
   """`jaxgemm.matmul(a, b, fp8=...)`: the arguments checked, then `fp8_matmul` and the
-  epilogue (bias, activation, residual) as XLA ops after it."""
+  epilogue (bias, activation, residual) as XLA ops after it. `out_sharding` is the
+  forward GEMM's, as jnp.matmul's (needed where a sharded K makes it ambiguous); the
+  backward's GEMMs give each gradient its primal's sharding."""
   from jaxgemm.ops.fused_matmul import api as fused_api  # noqa: PLC0415 (imports matmul's api)
   recipe = Fp8Recipe.named(fp8)
   if backend != "auto":
@@ -215,12 +234,12 @@ def matmul(a, b, fp8, *, bias=None, activation=None, residual=None, precision=No
       raise ValueError(f"backend={backend!r} and fp8's backend={recipe.backend!r} differ; "
                        f"name the backend once")
     recipe = dataclasses.replace(recipe, backend=backend)
-  for name, value in (("variant", variant), ("config", config), ("precision", precision),
-                      ("out_sharding", out_sharding)):
+  for name, value in (("variant", variant), ("config", config), ("precision", precision)):
     if value is not None:
       raise ValueError(f"matmul with fp8={fp8!r} takes no {name} (got {name}={value!r}): "
                        f"it runs three GEMMs of different shapes, each scaled_matmul's own "
                        f"choice; call jaxgemm.scaled_matmul for one kernel of your choosing")
+  out_sharding = sharding.canonical_out_sharding(out_sharding, "matmul")
   a, b = jnp.asarray(a), jnp.asarray(b)
   if b.ndim != 2:
     raise ValueError(f"matmul with fp8= takes a 2-D weight b (K, N); got b.shape={b.shape} "
@@ -239,6 +258,5 @@ def matmul(a, b, fp8, *, bias=None, activation=None, residual=None, precision=No
                     f"result dtype {out_dtype.name} (pass preferred_element_type)")
   out_shape = (*a.shape[:-1], b.shape[1])
   fused_api.check_epilogue(out_shape, out_dtype, bias, activation, residual)
-  x = a if a.ndim > 1 else a[None]
-  y = fp8_matmul(x, b, recipe, out_dtype).reshape(out_shape)
+  y = fp8_matmul(a, b, recipe, out_dtype, out_sharding)   # a 1-D a is one row
   return fused_api.reference_epilogue(y, bias, activation, residual)
