@@ -3,7 +3,7 @@
 # out_sharding): the named recipes' step, then the whole FP8 GPU tier of the op
 # and the training path. Runs a clean export of commit $TREE carried as .clean/tree.tar
 # (`git archive $TREE > .clean/tree.tar`), so that uncommitted work does not travel.
-# Usage there: TREE=<commit> bash research/probes/fp8-clusters/run3.sh
+# Usage there: TREE=<commit> bash research/probes/fp8-clusters/run4.sh
 set -u
 R=/tmp/res; mkdir -p $R
 T=/tmp/tree; mkdir -p $T && tar xf .clean/tree.tar -C $T && cp -r .whl $T/ && cd $T
