@@ -840,17 +840,22 @@ def test_fp8_training_with_the_triton_quantizer_gathers_no_operand(partitioner, 
     # The forward sums its devices' partial products in its result dtype: float32 here,
     # so that the loss is the unsharded one's to the same tolerance.
     pytest.param(P("x", "y"), P("y", None), P("x", None), F32, id="w-on-k"),
+    # x (batch, seq, K) sharded on its sequence: the GEMMs' rows put it first.
+    pytest.param(P(None, "x", None), P(None, "y"), None, jnp.bfloat16, id="x-on-seq"),
 ])
 def test_fp8_training_on_explicit_axes(scaling, quantizer, x_spec, w_spec, out_spec, out_dtype,
                                        quantizer_as_xla):
-  """The FP8 step on an Explicit (2, 4) mesh, rows over "x", W's N (column parallel) or
-  K (row parallel, x's K too) over "y": the loss and gradients equal the unsharded
+  """The FP8 step on an Explicit (2, 4) mesh, rows (or a 3-D x's sequence) over "x", W's
+  N (column parallel) or K (row parallel, x's K too) over "y": the loss and gradients
+  equal the unsharded
   step's (the Auto-axes test's tolerances: a sharded contraction sums bf16 partials),
   each gradient typed with its primal's sharding. Where K is sharded the forward needs
   `out_sharding`; without it jax's ShardingTypeError, as jnp.matmul's."""
   mesh = explicit_mesh((2, 4), ("x", "y"))
   r = np.random.default_rng(5)
   x = jnp.asarray(r.standard_normal((256, 512)), jnp.bfloat16)   # 128-blocks per device
+  if len(x_spec) == 3:
+    x = x.reshape(2, 128, 512)
   w = jnp.asarray(r.standard_normal((512, 512)) / 16, jnp.bfloat16)
   recipe = dataclasses.replace(jaxgemm.Fp8Recipe.named(scaling), quantize_backend=quantizer)
 
@@ -862,6 +867,10 @@ def test_fp8_training_on_explicit_axes(scaling, quantizer, x_spec, w_spec, out_s
   want_loss, want_grads = step(None)(x, w)
   with jax.set_mesh(mesh):
     xs, ws = jax.device_put(x, x_spec), jax.device_put(w, w_spec)
+    if x.ndim == 3 and scaling == "block":   # 128-row blocks of the wgrad span devices
+      with pytest.raises(ValueError, match=r"shard x's leading dimension instead.*'tensor'"):
+        step(None)(xs, ws)
+      return
     if out_spec is not None:
       with pytest.raises(Exception, match="ambiguous") as jax_error:   # ShardingTypeError
         jnp.matmul(xs, ws)

@@ -43,6 +43,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jaxgemm import sharding
 from jaxgemm.ops.scaled_matmul.api import scaled_matmul
@@ -176,10 +177,46 @@ def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype, out_sharding=None) -> jax.Arr
   dtype(bfloat16)
   """
   k, n = w.shape
+  # The GEMMs take X as 2-D rows. With Explicit axes, jax merges X's leading dimensions
+  # only where the sharded ones lead (a sequence-sharded (B, S, K) x has no such rows), so
+  # those go first: a transpose of each device's own block, undone on the result. Per
+  # tensor the rows' order changes no quantized value (only the wgrad's summation order);
+  # block scales group the wgrad's 128 rows in order, so there it would (3.5% of dW in
+  # tests/sharding_on_8_devices.py's x-on-seq case), and it is refused.
+  order = _sharded_first(x)
+  if order and recipe.scaling == "block":
+    spec = _spec_of(sharding.type_sharding(jax.typeof(x)), x.ndim)
+    raise ValueError(
+        f"matmul with fp8 block scales quantizes the weight gradient's operands in blocks of "
+        f"128 of x's rows in order, which x's sharding {spec} (Explicit axes) splits across "
+        f"devices: shard x's leading dimension instead (or reshape x to 2-D), or use "
+        f"fp8='tensor', whose values do not depend on the rows' order")
+  x = jnp.transpose(x, order) if order else x
+  if order and out_sharding is not None:
+    out_sharding = out_sharding.update(spec=P(*(_spec_of(out_sharding, x.ndim)[d]
+                                                for d in order)))
   x2 = x.reshape(-1, k)
   rows_out = None if out_sharding is None else sharding.leading_dims_merged(out_sharding, x.ndim)
   y = _fp8_matmul(recipe, (np.dtype(out_dtype), rows_out), _type_of(x2), _type_of(w), x2, w)
-  return y.reshape(*x.shape[:-1], n, out_sharding=out_sharding)
+  y = y.reshape(*x.shape[:-1], n, out_sharding=out_sharding)
+  return jnp.transpose(y, tuple(np.argsort(order))) if order else y
+
+
+def _spec_of(named_sharding, ndim: int) -> tuple:
+  spec = tuple(named_sharding.spec)
+  return spec + (None,) * (ndim - len(spec))
+
+
+def _sharded_first(x) -> tuple[int, ...] | None:
+  """The permutation of x's dimensions that puts its sharded leading dimensions (Explicit
+  axes) before the unsharded ones, the last dimension last; None where they lead already."""
+  typed = sharding.type_sharding(jax.typeof(x))
+  if typed is None or x.ndim < 3:
+    return None
+  spec = _spec_of(typed, x.ndim)[:-1]
+  order = ([d for d, e in enumerate(spec) if e is not None]
+           + [d for d, e in enumerate(spec) if e is None])
+  return None if order == sorted(order) else (*order, x.ndim - 1)
 
 
 def _type_of(x):
