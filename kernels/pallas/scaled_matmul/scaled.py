@@ -14,6 +14,8 @@ tile_m / 2 rows, and a tiled epilogue through two SMEM slots per consumer
 (or exact plain stores when C's rows are not TMA-addressable,
 `warp_specialized.store_exact`). Ragged M, N, K are TMA's zero fill and
 dropped stores, as in the matmul; K is zero-padded to whole 128-byte rows.
+With `cluster_m` or `cluster_n` = 2 (the config's), CTAs run in 2-CTA clusters
+that multicast the operand tile they share, as rung 4 (`matmul.clusters`).
 
 What differs, and why this is its own kernel rather than a switch on
 `warp_specialized.persistent_kernel`:
