@@ -408,6 +408,20 @@ def test_large_problems_on_gpu(kind, trans_a, trans_b, rng):
           f"{m}x{k}x{n} {a_dtype.name}x{b_dtype.name}")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,variant,m,k,n,change", [
+    ("tensor", VARIANT, 1000, 2000, 1100, dict(tile_n=192)),               # 8 x 6 tiles
+    ("tensor", VARIANT, 1100, 2000, 1000, dict(tile_n=192, cluster_m=2)),  # 9 (odd) x 6
+    ("row_col", VARIANT, 1000, 1500, 1100, dict(cluster_n=2)),             # 8 x 9 (odd)
+    ("block", TMA, 1100, 1500, 1000, dict(cluster_n=2)),                   # 9 x 8
+    ("block", TMA, 1000, 1500, 1100, dict(cluster_n=2)),                   # 8 x 9 (odd)
+])
+def test_wide_tiles_and_clusters_on_gpu(kind, variant, m, k, n, change, rng):
+  """The interpreter test's configs compiled, where clusters multicast the shared tile
+  and a CTA past an odd tile count reads a box beside its partner's."""
+  test_wide_tiles_and_clusters_in_the_interpreter(kind, variant, m, k, n, change, rng)
+
+
 def test_float16_out_in_the_interpreter(rng):
   """The op's out-dtype cases run on the GPU tier only for this backend
   (slow_for_kernels); one float16 result here, block scales, ragged edges."""
