@@ -292,7 +292,7 @@ class PallasScaledMatmul(registry.Backend):
     if problem.scale_kind == "block":
       candidates.append((variant, dataclasses.replace(default, cluster_n=3 - default.cluster_n)))
     elif default.tile_n in (128, 192) and kernel_dtype(problem).itemsize == 1:
-      other = dataclasses.replace(default, tile_n=320 - default.tile_n)
+      other = dataclasses.replace(default, tile_n=192 if default.tile_n == 128 else 128)
       candidates.append((variant, fit_stages(problem, other, variant)))
     if variant != DEFAULT_VARIANT:
       candidates.append((DEFAULT_VARIANT, self.default_config(problem, DEFAULT_VARIANT)))
