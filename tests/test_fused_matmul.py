@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import jaxgemm
+from epilogue_testing import GATE_DERIVATIVE_ABS_ERR
 from gemm_testing import as_f64, random_array, tolerance
 from jaxgemm.ops.fused_matmul import primitive as fused_primitive
 
@@ -170,6 +171,14 @@ def test_gated_forms_every_layout(kernel, gate, layout, rng):
   skip_unless(kernel, a, b, z, fn=fn)
   _, g = act64("gelu", as_f64(z))
   a64, b64 = as_f64(a), as_f64(b)
+  # The fp32 g is off by up to GATE_DERIVATIVE_ABS_ERR absolutely (measured on 400001
+  # points, epilogue_testing), whatever g's size, so where g cancels towards 0 it is most
+  # of g; times |A| @ |B| it enters the bound as itself, not scaled by tol, as in
+  # epilogue_testing's reference. Without it, JAXGEMM_TEST_SEED=1881985743 (TN, out) failed
+  # at z = -5.28, g = -2.3e-7: the output 3.9e-7 off against a bound of 1.7e-8.
+  tol = tolerance(jnp.float32)
+  g_err = (np.abs(a64.T if trans_a else a64) @ np.abs(b64.T if trans_b else b64)
+           * GATE_DERIVATIVE_ABS_ERR / tol)
   if gate == "lhs":
     a64 = a64 * g
   if gate == "rhs":
@@ -178,7 +187,7 @@ def test_gated_forms_every_layout(kernel, gate, layout, rng):
   ref, bound = op_a @ op_b, np.abs(op_a) @ np.abs(op_b)
   if gate == "out":
     ref, bound = ref * g, bound * np.abs(g)
-  assert_close(fn(a, b, z), ref, bound + np.abs(ref), tolerance(jnp.float32), f"{kernel} {gate}")
+  assert_close(fn(a, b, z), ref, bound + np.abs(ref) + g_err, tol, f"{kernel} {gate}")
 
 
 # ----------------------------------------------------------------- transformations
