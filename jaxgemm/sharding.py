@@ -158,7 +158,7 @@ def leading_dims_merged(sharding: NamedSharding, ndim: int) -> NamedSharding:
   >>> leading_dims_merged(NamedSharding(mesh, P("x")), 3).spec
   P('x', None)
   """
-  *lead, last = _padded(sharding.spec, max(ndim, 1))
+  *lead, last = padded_spec(sharding.spec, max(ndim, 1))
   return sharding.update(spec=P(_entry([a for entry in lead for a in _axes_of(entry)]), last))
 
 
@@ -285,7 +285,12 @@ def _entry(axes: Sequence[str]):
   return None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
 
 
-def _padded(spec, ndim: int) -> tuple:
+def padded_spec(spec, ndim: int) -> tuple:
+  """`spec`'s entries, one per dimension of an `ndim`-D array (None for the missing tail).
+
+  >>> padded_spec(P("x"), 3)
+  ('x', None, None)
+  """
   entries = tuple(spec) if spec is not None else ()
   return entries + (None,) * (ndim - len(entries))
 
@@ -314,7 +319,7 @@ class Plan:
   @property
   def result(self) -> P:
     """The local results' sharding, after the reduction."""
-    spec = list(_padded(self.spec(self.rule.result), len(self.rule.result)))
+    spec = list(padded_spec(self.spec(self.rule.result), len(self.rule.result)))
     if self.scatter_dim is not None:
       spec[self.scatter_dim] = _entry(self.reduce_axes)
     return P(*spec)
@@ -368,10 +373,10 @@ def plan(rule: EinsumRule, operand_specs: Sequence[P | None], result_spec: P | N
       used.update(axes)
 
   for dims, spec in zip(rule.operands, operand_specs):
-    for factor, entry in zip(dims, _padded(spec, len(dims))):
+    for factor, entry in zip(dims, padded_spec(spec, len(dims))):
       claim(factor, _axes_of(entry))
 
-  result_entries = _padded(result_spec, len(rule.result))
+  result_entries = padded_spec(result_spec, len(rule.result))
   reduce_axes = tuple(a for f in rule.reduction for a in factor_axes.get(f, ()))
   scatter_dim = None
   if reduce_axes:

@@ -46,6 +46,7 @@ fp8 SMEM, TMA and wgmma (numpy's matmul of ml_dtypes' fp8 types, in fp32).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -131,10 +132,6 @@ def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig,
                        + _align(stages * _B_SCALE_BOX * 4, _SMEM_ALIGNMENT))
     parts["barriers"] = 2 * stages * 8
   return parts
-
-
-def _cdiv(a: int, b: int) -> int:
-  return -(-a // b)
 
 
 def _align(x: int, alignment: int) -> int:
@@ -256,8 +253,8 @@ class PallasScaledMatmul(registry.Backend):
 
     A consumer's two fp32 arrays cap the tile at 24576 elements; 128x192 loads
     the fewest operand bytes per output among those, 128x128 17% more and 256x64
-    25% more than 128x128. M <= 128 gets 64-wide N tiles (twice the CTAs for a skinny problem, as the
-    matmul's heuristic does for 16-bit). fp8 128x128: 32 KiB a stage, so 6
+    25% more than 128x128. M <= 128 gets 64-wide N tiles (twice the CTAs for a skinny
+    problem, as the matmul's heuristic does for 16-bit). fp8 128x128: 32 KiB a stage, so 6
     stages with a bf16 or fp32 epilogue; a mixed pair's float16 operands: 64
     KiB a stage, 3 stages. On the H100 the fp8 default ran 1210 TFLOP/s at 8192^3
     (docs/results-fp8.md); the M-minor walk was not faster (1226 vs 1223 per tensor, 629
@@ -267,8 +264,8 @@ class PallasScaledMatmul(registry.Backend):
     skinny = problem.m <= 128
     tile_m = 128
     tile_n = matmul_pallas._pow2_at_least(problem.n, 64, 64 if skinny else 128)
-    tiles = lambda tn: problem.batch * _cdiv(problem.m, tile_m) * _cdiv(problem.n, tn)
-    rounds = lambda tn: _cdiv(tiles(tn), _HOPPER_SMS)
+    tiles = lambda tn: problem.batch * math.ceil(problem.m / tile_m) * math.ceil(problem.n / tn)
+    rounds = lambda tn: math.ceil(tiles(tn) / _HOPPER_SMS)
     if (tile_n == 128 and problem.scale_kind != "block" and kernel_dtype(problem).itemsize == 1
         and rounds(192) * _WIDE_TILE_COST < rounds(128)):
       tile_n = 192

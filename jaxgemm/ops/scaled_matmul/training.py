@@ -185,7 +185,7 @@ def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype, out_sharding=None) -> jax.Arr
   # tests/sharding_on_8_devices.py's x-on-seq case), and it is refused.
   order = _sharded_first(x)
   if order and recipe.scaling == "block":
-    spec = _spec_of(sharding.type_sharding(jax.typeof(x)), x.ndim)
+    spec = sharding.padded_spec(sharding.type_sharding(jax.typeof(x)).spec, x.ndim)
     raise ValueError(
         f"matmul with fp8 block scales quantizes the weight gradient's operands in blocks of "
         f"128 of x's rows in order, which x's sharding {spec} (Explicit axes) splits across "
@@ -193,18 +193,13 @@ def fp8_matmul(x, w, recipe: Fp8Recipe, out_dtype, out_sharding=None) -> jax.Arr
         f"fp8='tensor', whose values do not depend on the rows' order")
   x = jnp.transpose(x, order) if order else x
   if order and out_sharding is not None:
-    out_sharding = out_sharding.update(spec=P(*(_spec_of(out_sharding, x.ndim)[d]
-                                                for d in order)))
+    out_spec = sharding.padded_spec(out_sharding.spec, x.ndim)
+    out_sharding = out_sharding.update(spec=P(*(out_spec[d] for d in order)))
   x2 = x.reshape(-1, k)
   rows_out = None if out_sharding is None else sharding.leading_dims_merged(out_sharding, x.ndim)
   y = _fp8_matmul(recipe, (np.dtype(out_dtype), rows_out), _type_of(x2), _type_of(w), x2, w)
   y = y.reshape(*x.shape[:-1], n, out_sharding=out_sharding)
   return jnp.transpose(y, tuple(np.argsort(order))) if order else y
-
-
-def _spec_of(named_sharding, ndim: int) -> tuple:
-  spec = tuple(named_sharding.spec)
-  return spec + (None,) * (ndim - len(spec))
 
 
 def _sharded_first(x) -> tuple[int, ...] | None:
@@ -213,7 +208,7 @@ def _sharded_first(x) -> tuple[int, ...] | None:
   typed = sharding.type_sharding(jax.typeof(x))
   if typed is None or x.ndim < 3:
     return None
-  spec = _spec_of(typed, x.ndim)[:-1]
+  spec = sharding.padded_spec(typed.spec, x.ndim)[:-1]
   order = ([d for d, e in enumerate(spec) if e is not None]
            + [d for d, e in enumerate(spec) if e is None])
   return None if order == sorted(order) else (*order, x.ndim - 1)
