@@ -63,7 +63,8 @@ GOOD = PallasConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4, 
     (dict(tile_m=64), ValueError, r"tile_m=64 must be 128 or 256"),
     (dict(tile_m=256, tile_n=128), ValueError, r"tile_m=256, tile_n=128 need more than 192 "
                                                r"registers.*128x192, 128x128, 256x64"),
-    (dict(tile_n=192), ValueError, r"block scales takes tile_n <= 128.*tile_n=192"),
+    (dict(tile_n=192), ValueError, r"variant='warp_specialized' with block scales takes "
+                                   r"tile_n dividing 128.*tile_n=192.*tma_scales"),
     (dict(tile_n=128, epi_tile_n=256), None, None),
     (dict(tile_n=64, epi_tile_n=32), None, None),
     (dict(cluster_n=2), None, None),
@@ -76,6 +77,10 @@ GOOD = PallasConfig(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=4, 
     (dict(), None, None),
     (dict(tile_n=64), None, None),
     (dict(tile_m=256, tile_n=64), None, None),
+    (dict(tile_n=192), None, None),                 # three 64-column runs of one scale
+    (dict(tile_n=192, epi_tile_n=32), None, None),
+    (dict(tile_n=192, epi_tile_n=128), ValueError, r"stores a tile_n=192 tile by 64-column "
+                                                   r"runs.*epi_tile_n=128 must divide 64"),
     # Each ring slot holds the step's scales too: 128 + 4 floats in two buffers
     # aligned to 1 KiB; the ring's 16 barriers counted.
     (dict(max_concurrent_steps=8), ValueError, r"needs 300160 bytes of shared memory "
@@ -347,6 +352,9 @@ def test_default_tiles_and_clusters_follow_the_rounds_of_tiles():
     ("tensor", VARIANT, 200, 300, 400, dict(tile_n=192, cluster_m=2)),
     ("row_col", VARIANT, 300, 260, 200, dict(cluster_n=2)),                # odd along N
     ("block", TMA, 300, 260, 200, dict(cluster_m=2)),                      # odd along M
+    # block scales on 192-wide tiles: tile 0 crosses a column block at 128, tile 1 at 64
+    ("block", TMA, 200, 300, 400, dict(tile_n=192)),
+    ("block", TMA, 130, 260, 900, dict(tile_n=192, cluster_n=2)),          # 5 (odd) along N
 ])
 def test_wide_tiles_and_clusters_in_the_interpreter(kind, variant, m, k, n, change, rng):
   """128x192 tiles and 2-CTA clusters with ragged edges, against float64: the
@@ -383,6 +391,15 @@ def test_lowers_for_cuda_tma_scales(m, k, n, b, trans_b, overlap, monkeypatch):
   _lowers_for_cuda(problem(m, k, n, b=b, trans_b=trans_b), variant=TMA)
 
 
+@pytest.mark.parametrize("cluster_n", [1, 2])
+def test_lowers_for_cuda_tma_scales_on_192_wide_tiles(cluster_n):
+  """Block scales on 128x192 tiles: three (64, 64) sums a consumer, one b_scale
+  value each, and the K steps one at a time (a pair's third array would not fit)."""
+  p = problem(8192, 8192, 8192, trans_b=True)
+  config = dataclasses.replace(BACKEND.default_config(p, TMA), tile_n=192, cluster_n=cluster_n)
+  _lowers_for_cuda(p, fit_tma(p, config), TMA)
+
+
 # ---------------------------------------------------------------- GPU tier
 
 
@@ -415,6 +432,8 @@ def test_large_problems_on_gpu(kind, trans_a, trans_b, rng):
     ("row_col", VARIANT, 1000, 1500, 1100, dict(cluster_n=2)),             # 8 x 9 (odd)
     ("block", TMA, 1100, 1500, 1000, dict(cluster_n=2)),                   # 9 x 8
     ("block", TMA, 1000, 1500, 1100, dict(cluster_n=2)),                   # 8 x 9 (odd)
+    ("block", TMA, 1000, 1500, 1100, dict(tile_n=192)),                    # 8 x 6
+    ("block", TMA, 1100, 1500, 900, dict(tile_n=192, cluster_n=2)),        # 9 x 5 (odd)
 ])
 def test_wide_tiles_and_clusters_on_gpu(kind, variant, m, k, n, change, rng):
   """The interpreter test's configs compiled, where clusters multicast the shared tile

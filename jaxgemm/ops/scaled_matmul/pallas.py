@@ -129,9 +129,14 @@ def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig,
     # the other variant's slack covers (Mosaic GPU counted 232496 bytes for the
     # mixed pair's 3 stages before these were).
     parts["scales"] = (_align(stages * config.tile_m * 4, _SMEM_ALIGNMENT)
-                       + _align(stages * _B_SCALE_BOX * 4, _SMEM_ALIGNMENT))
+                       + _align(stages * _b_scale_box(config.tile_n) * 4, _SMEM_ALIGNMENT))
     parts["barriers"] = 2 * stages * 8
   return parts
+
+
+def _b_scale_box(tile_n: int) -> int:
+  """scaled.b_scale_box: 32 floats for a tile in one column block, else the tile's vector."""
+  return _B_SCALE_BOX if BLOCK % tile_n == 0 else _align(tile_n, _B_SCALE_BOX)
 
 
 def _align(x: int, alignment: int) -> int:
@@ -215,12 +220,19 @@ class PallasScaledMatmul(registry.Backend):
           f"(the K step's wgmma accumulator and the promoted sum): {tile_m=}, {tile_n=} need "
           f"more than 192 registers per thread; use tile_m * tile_n <= 24576 (128x192, "
           f"128x128, 256x64, 128x64)")
-    if problem.scale_kind == "block" and tile_n > BLOCK:
-      raise ValueError(
-          f"{what} with block scales takes tile_n <= {BLOCK} (one b_scale column block a "
-          f"tile, and registers for the K step's scales beside the two arrays); got {tile_n=}")
-    # TMA_SCALES reads one b_scale per tile: a power-of-two tile_n <= 128 (the
-    # register bound above) lies in one 128-column scale block.
+    if problem.scale_kind == "block" and BLOCK % tile_n:
+      # A tile across two column blocks: registers for its per-step scales beside the
+      # two arrays only where they come from SMEM, one value per 64-column run.
+      if variant != TMA_SCALES:
+        raise ValueError(
+            f"{what} variant={variant!r} with block scales takes tile_n dividing {BLOCK} "
+            f"(its per-column scale product takes a third array of registers); got "
+            f"{tile_n=}: use variant={TMA_SCALES!r}")
+      run = math.gcd(tile_n, BLOCK)
+      if run % min(epi_tile_n, tile_n):
+        raise ValueError(
+            f"{what} with block scales stores a {tile_n=} tile by {run}-column runs of one "
+            f"scale: {epi_tile_n=} must divide {run}")
     if epi_tile_n < tile_n and tile_n % epi_tile_n:
       raise ValueError(f"{what}: {tile_n=} must be divisible by {epi_tile_n=}")
     if config.cluster_m * config.cluster_n > 2:

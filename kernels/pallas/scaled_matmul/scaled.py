@@ -70,7 +70,7 @@ compile-time switch.
   and B blocks, on the same `loaded` barrier (4 arrivals): a_scale's (tm,)
   column of the K block (contiguous in the (batch, Ks, M) layout) and the
   first B_SCALE_BOX (32) floats of b_scale's column vector, whose first value is
-  the whole tile's (check: tile_n divides 128, so a tile lies in one column
+  the whole tile's where tile_n divides 128 (the tile lies in one column
   block). 640 bytes a slot at tm = 128: the default ring at 128x128 with a
   bf16 epilogue has 5 stages instead of 6.
 * A consumer reads its rows' a_scale (the accumulator's row layout, 2
@@ -78,6 +78,12 @@ compile-time switch.
   step's wgmma, before releasing the slot: no GMEM load in the K loop, and
   one multiply per element (part * (a_s * b_s) broadcast along N) instead of
   the outer product's two.
+* A 128x192 tile spans two column blocks, at a boundary 64 or 128 columns in
+  (tiles start at multiples of 64). Its slot holds the tile's whole b_scale
+  vector (192 floats) and the promoted sum is three (64, 64) arrays, each
+  multiplied by one b value (`scale_chunk`): the same one FMA an element, no
+  per-column select. Its pairs (`overlap`) would need a third (64, 192) array,
+  past the registers, so its K steps run one at a time.
 * `overlap` (OVERLAP_PROMOTION): K steps go in pairs, each in its own
   zero-initialized accumulator; the second's wgmma is issued before the
   first's product is read (`wgmma_accumulator_load(wait_n=1)`), so the
@@ -94,6 +100,7 @@ compile-time switch.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -113,16 +120,29 @@ EPI_TILE_M = ws.EPI_TILE_M
 # research/probes/fp8-clusters/run1).
 MAX_ACC_ELEMENTS = 2 * 64 * 192
 # With `tma_scales`, the floats of b_scale's column vector the producer copies
-# per K step: 128 bytes, because a TMA copy's SMEM destination must be 128-byte
-# aligned and the slots of a (stages, box) buffer lie box * 4 bytes apart (a
-# 16-byte box, TMA's smallest, faulted with CUDA_ERROR_MISALIGNED_ADDRESS on the
-# H200: research/probes/fp8-step-2026-11-26/run1). The tile lies in one
-# 128-column scale block (128 % tile_n == 0), so the first value is the tile's.
+# per K step for a tile inside one 128-column scale block (128 % tile_n == 0),
+# whose first value is the tile's: 128 bytes, because a TMA copy's SMEM
+# destination must be 128-byte aligned and the slots of a (stages, box) buffer
+# lie box * 4 bytes apart (a 16-byte box, TMA's smallest, faulted with
+# CUDA_ERROR_MISALIGNED_ADDRESS on the H200: research/probes/fp8-step-2026-11-26/run1).
+# A tile across blocks (128x192) copies its whole vector (`b_scale_box`).
 B_SCALE_BOX = 32
 # With `tma_scales`, whether K steps go in pairs with the second's wgmma issued
 # before the first's promotion (the `overlap` argument's default): 1.5% faster at
 # 8192^3, equal at 8192x4096x14336 (the module docstring).
 OVERLAP_PROMOTION = True
+
+
+def b_scale_box(tn: int) -> int:
+  """The b_scale floats a ring slot holds with `tma_scales` (B_SCALE_BOX's comment)."""
+  return B_SCALE_BOX if BLOCK % tn == 0 else -(-tn // B_SCALE_BOX) * B_SCALE_BOX
+
+
+def scale_chunk(tn: int, per_block: bool) -> int:
+  """The column width over which a tile's scales are one value per row: a tile
+  inside one 128-column scale block is one chunk; a 192-wide one is three of
+  64, each in one block (tiles start at multiples of 64)."""
+  return math.gcd(tn, BLOCK) if per_block else tn
 
 
 def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: common.Dims,
@@ -159,6 +179,13 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
   total_tiles = dims.batch * m_cl_tiles * n_cl_tiles
   swizzle = common.operand_swizzle(tm, tn, tk, dtype, False, True)
   pieces = [(em, en) for em in range(rows // EPI_TILE_M) for en in range(tn // epi_tn)]
+  # The promoted sum is carried as `chunks` (rows, chunk) arrays, one per run of
+  # columns with one scale (`scale_chunk`): Mosaic GPU slices register arrays
+  # for free but has no concatenate.
+  chunk = scale_chunk(tn, per_block)
+  chunks = tn // chunk
+  assert chunk % epi_tn == 0, (chunk, epi_tn)
+  b_box = b_scale_box(tn)
 
   def tile_origin(lin):
     """(batch, M tile, N tile, whether this CTA stores it) of cluster tile `lin`: as
@@ -183,16 +210,25 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
     return (lax.broadcast_in_dim(a_s, (rows, tn), (0,))
             * lax.broadcast_in_dim(b_s, (rows, tn), (1,)))
 
-  def smem_scale(a_scale_smem, b_scale_smem, slot):
-    """The K step's a_scale[rows] * b_scale (one value: the tile lies in one column
-    block) over this consumer's (rows, tn), from the step's ring slot."""
+  def smem_scales(a_scale_smem, b_scale_smem, slot):
+    """The K step's a_scale[rows] * b_scale over each of this consumer's (rows,
+    chunk) column runs (one b_scale value each), from the step's ring slot."""
     a_ref = a_scale_smem.at[slot, pl.ds(lax.axis_index("wg") * rows, rows)]
     if interpret:
       a_s = a_ref[...]
     else:   # the accumulator's row layout: 2 registers a thread at 64 rows
       a_s = plgpu.layout_cast(common.load_gmem(a_ref), plgpu.Layout.WGMMA.reduce(1))
-    a_s = a_s * b_scale_smem[slot, 0]
-    return lax.broadcast_in_dim(a_s, (rows, tn), (0,))
+    return [lax.broadcast_in_dim(a_s * b_scale_smem[slot, c * chunk], (rows, chunk), (0,))
+            for c in range(chunks)]
+
+  def promote(total, part, scales):
+    """total + part (times its scales, per column run): the step's one pass over
+    the accumulator."""
+    cols = [slice(c * chunk, (c + 1) * chunk) for c in range(chunks)]
+    if scales is None:
+      return tuple(t + (part if chunks == 1 else part[:, col]) for t, col in zip(total, cols))
+    return tuple(t + (part if chunks == 1 else part[:, col]) * s
+                 for t, col, s in zip(total, cols, scales))
 
   if exact_out:   # plain stores from one row-major staging slot per consumer
     out_smem_type = plgpu.SMEM((2, EPI_TILE_M, epi_tn), out_dtype)
@@ -200,9 +236,9 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
     out_smem_type = common.out_smem_type(EPI_TILE_M, epi_tn, out_dtype, 2, 2)
 
   # With tma_scales the ring's slots hold the step's scales too: a_scale's
-  # (tm,) column of the K block and b_scale's first B_SCALE_BOX values.
+  # (tm,) column of the K block and b_scale's first `b_box` values.
   scale_smem = dict(a_scale_smem=plgpu.SMEM((stages, tm), f32),
-                    b_scale_smem=plgpu.SMEM((stages, B_SCALE_BOX), f32)) if tma_scales else {}
+                    b_scale_smem=plgpu.SMEM((stages, b_box), f32)) if tma_scales else {}
 
   consumed_type = (functools.partial(plgpu.ClusterBarrier, collective_axes=("cluster",))
                    if a_collective or b_collective else plgpu.Barrier)
@@ -225,11 +261,13 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
     my_tiles = lax.div(total_tiles - worker + workers - 1, workers)
 
     def store(total, bi, mi, ni, owns_tile, row0, n0, i):
-      """This consumer's rows of the tile into C, in (64, epi_tn) pieces: C's one rounding."""
+      """This consumer's rows of the tile (`chunks` arrays) into C, in (64, epi_tn)
+      pieces: C's one rounding."""
       for p, (em, en) in enumerate(pieces):
         local = (slice(em * EPI_TILE_M, (em + 1) * EPI_TILE_M),
                  slice(en * epi_tn, (en + 1) * epi_tn))
-        piece = total[local].astype(out_dtype)
+        c, c_off = divmod(en * epi_tn, chunk)
+        piece = total[c][local[0], c_off:c_off + epi_tn].astype(out_dtype)
         r0, c0 = row0 + em * EPI_TILE_M, n0 + en * epi_tn
         if exact_out:
           out_smem[wg] = piece
@@ -277,7 +315,7 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           if tma_scales:   # the wrapper padded both to the tiles' cover: in bounds
             plgpu.copy_gmem_to_smem(a_scale_gmem.at[bi, ki, pl.ds(mi * tm, tm)],
                                     a_scale_smem.at[slot], loaded.at[slot])
-            plgpu.copy_gmem_to_smem(b_scale_gmem.at[bi, ki, pl.ds(ni * tn, B_SCALE_BOX)],
+            plgpu.copy_gmem_to_smem(b_scale_gmem.at[bi, ki, pl.ds(ni * tn, b_box)],
                                     b_scale_smem.at[slot], loaded.at[slot])
 
       # Every slot's last release is waited for too, so each barrier's phases
@@ -313,9 +351,13 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
 
           part, scale = pl.run_scoped(block_product, plgpu.ACC((rows, tn), f32))
           if tma_scales:   # read before the slot goes back to the producer
-            scale = smem_scale(a_scale_smem, b_scale_smem, slot)
+            scales = smem_scales(a_scale_smem, b_scale_smem, slot)
+          elif per_block:
+            scales = [scale[:, c * chunk:(c + 1) * chunk] for c in range(chunks)]
+          else:
+            scales = None
           plgpu.barrier_arrive(consumed.at[slot])   # the wgmma has read the slot
-          return total + (part * scale if per_block else part)
+          return promote(total, part, scales)
 
         def k_pair(j, total):
           """Steps 2j and 2j + 1: the second's wgmma is issued before the first is
@@ -333,29 +375,30 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
               plgpu.wgmma(acc1, a_smem.at[slots[1], wg_rows, :],
                           common.transposed(b_smem.at[slots[1]]))
               part0 = plgpu.wgmma_accumulator_load(acc0, wait_n=1)   # step 2j done
-              scale0 = smem_scale(a_scale_smem, b_scale_smem, slots[0])
+              scales0 = smem_scales(a_scale_smem, b_scale_smem, slots[0])
               plgpu.barrier_arrive(consumed.at[slots[0]])
-              promoted = total + part0 * scale0
+              promoted = promote(total, part0, scales0)
               return promoted, acc1[...]                             # step 2j + 1 done
 
             return pl.run_scoped(second, plgpu.ACC((rows, tn), f32))
 
           promoted, part1 = pl.run_scoped(first, plgpu.ACC((rows, tn), f32))
-          scale1 = smem_scale(a_scale_smem, b_scale_smem, slots[1])
+          scales1 = smem_scales(a_scale_smem, b_scale_smem, slots[1])
           plgpu.barrier_arrive(consumed.at[slots[1]])
-          return promoted + part1 * scale1
+          return promote(promoted, part1, scales1)
 
-        zeros = jnp.zeros((rows, tn), f32)
+        zeros = jnp.zeros((rows, chunk), f32)
         if not interpret:
           zeros = plgpu.layout_cast(zeros, plgpu.Layout.WGMMA)
+        zeros = (zeros,) * chunks
         if overlap:   # k_iters is static: the pairs, then an odd last step alone
           total = lax.fori_loop(0, k_iters // 2, k_pair, zeros)
           if k_iters % 2:
             total = k_step(k_iters - 1, total)
         else:
           total = lax.fori_loop(0, k_iters, k_step, zeros)
-        if not per_block:
-          total = total * scale_of(bi, 0, row0, n0)
+        if not per_block:   # one chunk
+          total = (total[0] * scale_of(bi, 0, row0, n0),)
         store(total, bi, mi, ni, owns_tile, row0, n0, i)
 
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # every store lands before exit
@@ -394,9 +437,10 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
   trans_b True: A (batch, M, K), B (batch, N, K), one dtype), the scales in
   the op's canonical shapes for `scale_kind`.
 
-  `tma_scales` (block scales, tile_n dividing 128): the scales go through the
-  ring by TMA (`scaled_kernel`); `overlap` (default OVERLAP_PROMOTION) pairs
-  the K steps (docs/performance-notes.md, "FP8 GEMMs")."""
+  `tma_scales` (block scales): the scales go through the ring by TMA
+  (`scaled_kernel`); `overlap` (default OVERLAP_PROMOTION where its three fp32
+  arrays fit, tile_m * tile_n <= 16384) pairs the K steps
+  (docs/performance-notes.md, "FP8 GEMMs")."""
   if problem.trans_a or not problem.trans_b:
     raise ValueError(f"the scaled kernel reads both operands K-major (trans_a=False, "
                      f"trans_b=True); got trans_a={problem.trans_a}, trans_b={problem.trans_b}")
@@ -412,10 +456,18 @@ def scaled(a, b, a_scale, b_scale, problem, config, *, scale_kind: str,
   out_dtype = jnp.dtype(problem.out_dtype)
   epi_tn = min(config.epi_tile_n, tn)
   per_block = scale_kind == "block"
-  if tma_scales and (not per_block or BLOCK % tn):
-    raise ValueError(f"tma_scales takes block scales and a tile_n dividing {BLOCK}; got "
-                     f"scale_kind={scale_kind!r}, tile_n={tn}")
-  overlap = tma_scales and (OVERLAP_PROMOTION if overlap is None else overlap)
+  if tma_scales and not per_block:
+    raise ValueError(f"tma_scales takes block scales; got scale_kind={scale_kind!r}")
+  chunk = scale_chunk(tn, per_block)
+  if chunk % epi_tn:
+    raise ValueError(f"with block scales a {tn}-wide tile is stored by {chunk}-column runs "
+                     f"of one scale: epi_tile_n={epi_tn} must divide {chunk}")
+  # The pairs hold a third fp32 array: three fit 192 registers at 128x128 only.
+  pairs_fit = tm // 2 * tn * 3 <= MAX_ACC_ELEMENTS
+  if overlap and not pairs_fit:
+    raise ValueError(f"overlap holds three fp32 arrays of (tile_m / 2) x tile_n per "
+                     f"consumer: tile_m={tm}, tile_n={tn} take more than 192 registers")
+  overlap = tma_scales and pairs_fit and (OVERLAP_PROMOTION if overlap is None else overlap)
   cluster = config.cluster_m * config.cluster_n
   if cluster not in (1, 2) or min(config.cluster_m, config.cluster_n) != 1:
     raise ValueError(f"the scaled kernel runs 1- or 2-CTA clusters: cluster_m="
