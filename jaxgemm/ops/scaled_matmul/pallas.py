@@ -70,13 +70,18 @@ _SMEM_ALIGNMENT = 1024  # Mosaic GPU's alignment of each shared memory buffer
 # Both fp32 arrays of a consumer warpgroup (the step's wgmma accumulator and the
 # promoted sum), (tile_m / 2) x tile_n each: at most 192 registers per thread (128x192).
 _MAX_ACC_ELEMENTS = 2 * 64 * 192
-# A 128x192 tile's time over a 128x128 tile's: 1.5x the work at 1.12x the rate (H100,
-# B stored (N, K), 8192^3 and 8192x4096x14336 per tensor: research/probes/fp8-clusters/run1).
-_WIDE_TILE_COST = 1.5 / 1.12
+# A 128x192 tile's time over a 128x128 tile's: 1.5x the work at 1.12x the rate per tensor
+# (H100, B stored (N, K), 8192^3 and 8192x4096x14336: research/probes/fp8-clusters/run1) and
+# 1.15x with block scales (1.163x and 1.149x, no clusters: fp8-block-wide/run1).
+_WIDE_TILE_COST = {"tensor": 1.5 / 1.12, "row_col": 1.5 / 1.12, "block": 1.5 / 1.15}
 _HOPPER_SMS = 132   # H100 SXM and H200: the persistent grid's workers
-# Block scales on 2-CTA clusters along N from this many 128x128 tiles: 1.04-1.06x at 8192^3 and
-# 8192x4096x14336 (4096 and 7168 tiles), 0.98x at 4096^3 (1024) (fp8-clusters/run1).
+# Block scales on 128x128 tiles take 2-CTA clusters along N from this many tiles: 1.04-1.06x at
+# 8192^3 and 8192x4096x14336 (4096 and 7168 tiles), 0.98x at 4096^3 (1024) (fp8-clusters/run1).
 _CLUSTER_MIN_TILES = 2048
+# On 128x192 tiles they take clusters along M (B's 24 KiB tile multicast): 1.06x, 1.06x and
+# 1.03x over none at 8192^3, 8192x4096x14336 and 4096^3 (2752, 4800 and 704 tiles), ahead of
+# clusters along N (1.01x, 1.05x, 1.03x) (fp8-block-wide/run1). Fewer tiles: not measured.
+_WIDE_CLUSTER_MIN_TILES = 512
 _MAX_STAGES = 8        # PallasConfig.max_concurrent_steps' range
 _EPI_TILE_M = 64
 # What a mixed e4m3 x e5m2 pair runs as (exact for both; module docstring).
@@ -151,6 +156,29 @@ def fit_stages(problem: ScaledMatmulProblem, config: PallasConfig,
          > matmul_pallas._SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
     config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
   return config
+
+
+def _block_clusters(problem: ScaledMatmulProblem, config: PallasConfig) -> PallasConfig:
+  """`config` with block scales' measured 2-CTA clusters for its tile width (along N for
+  128-wide tiles from `_CLUSTER_MIN_TILES` tiles, along M for 192-wide ones from
+  `_WIDE_CLUSTER_MIN_TILES`); other scales run without (per tensor they measured
+  0.94-1.01x, fp8-clusters/run1)."""
+  if problem.scale_kind != "block":
+    return config
+  tiles = (problem.batch * math.ceil(problem.m / config.tile_m)
+           * math.ceil(problem.n / config.tile_n))
+  wide = config.tile_n == 192
+  if tiles >= (_WIDE_CLUSTER_MIN_TILES if wide else _CLUSTER_MIN_TILES):
+    return _clustered(config)
+  return config
+
+
+def _clustered(config: PallasConfig) -> PallasConfig:
+  """`config` on block scales' 2-CTA clusters for its tile width: along M for 192-wide
+  tiles, along N otherwise (`_block_clusters`)."""
+  if config.tile_n == 192:
+    return dataclasses.replace(config, cluster_m=2, cluster_n=1)
+  return dataclasses.replace(config, cluster_m=1, cluster_n=2)
 
 
 def _mosaic_gpu_error() -> str | None:
@@ -255,13 +283,15 @@ class PallasScaledMatmul(registry.Backend):
   def default_config(self, problem: ScaledMatmulProblem, variant: str) -> PallasConfig:
     """128x128 or 128x192 tiles, 128-deep K steps, as many stages as fit 227 KiB (max 8).
 
-    128x192 (per-tensor and per-row/column scales) where it takes less time by a
-    count of persistent rounds: ceil(tiles / 132) rounds, a 128x192 tile costing
-    1.34x a 128x128 one (measured: `_WIDE_TILE_COST`). That picks 128x192 at
-    8192^3 (1431 against 1278 TFLOP/s on an H100, B stored (N, K)) and 128x128 at
-    4096^3 (1238 against 1227), research/probes/fp8-clusters/run1. Block scales
-    run 2-CTA clusters along N (A's tile multicast to both; 1.01x cluster_m=2 in
-    the same run) from `_CLUSTER_MIN_TILES` tiles.
+    128x192 where it takes less time by a count of persistent rounds: ceil(tiles /
+    132) rounds, a 128x192 tile costing 1.34x a 128x128 one per tensor and 1.30x
+    with block scales (measured: `_WIDE_TILE_COST`). Per tensor that picks 128x192
+    at 8192^3 (1431 against 1278 TFLOP/s on an H100, B stored (N, K)) and 128x128
+    at 4096^3 (1238 against 1227), research/probes/fp8-clusters/run1. Block scales
+    (the TMA-scales variant; the GMEM one keeps 128) take it at all three issue
+    shapes, with 2-CTA clusters along M (`_block_clusters`): 1275 / 1265 / 1087
+    TFLOP/s at 8192^3 / 8192x4096x14336 / 4096^3 against 1035-1043 / 1041 / 1028
+    on 128x128 without clusters (research/probes/fp8-block-wide/run1, H100).
 
     A consumer's two fp32 arrays cap the tile at 24576 elements; 128x192 loads
     the fewest operand bytes per output among those, 128x128 17% more and 256x64
@@ -278,31 +308,32 @@ class PallasScaledMatmul(registry.Backend):
     tile_n = matmul_pallas._pow2_at_least(problem.n, 64, 64 if skinny else 128)
     tiles = lambda tn: problem.batch * math.ceil(problem.m / tile_m) * math.ceil(problem.n / tn)
     rounds = lambda tn: math.ceil(tiles(tn) / _HOPPER_SMS)
-    if (tile_n == 128 and problem.scale_kind != "block" and kernel_dtype(problem).itemsize == 1
-        and rounds(192) * _WIDE_TILE_COST < rounds(128)):
+    wide_ok = problem.scale_kind != "block" or variant == TMA_SCALES
+    if (tile_n == 128 and wide_ok and kernel_dtype(problem).itemsize == 1
+        and rounds(192) * _WIDE_TILE_COST[problem.scale_kind] < rounds(128)):
       tile_n = 192
-    cluster_n = 2 if problem.scale_kind == "block" and tiles(tile_n) >= _CLUSTER_MIN_TILES \
-        else 1
-    return fit_stages(problem, PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=BLOCK,
-                                            epi_tile_n=min(64, tile_n), cluster_n=cluster_n),
-                      variant)
+    config = PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=BLOCK, epi_tile_n=min(64, tile_n))
+    return fit_stages(problem, _block_clusters(problem, config), variant)
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, PallasConfig]]:
     """The default variant's default config, 256x64 tiles, and the tile walk along M;
-    per tensor and per row/column, the other of 128x128 and 128x192 (fp8, M > 128);
-    with block scales, the default with clusters toggled and `warp_specialized`'s
-    default."""
+    the other of 128x128 and 128x192 (fp8, M > 128; with block scales, with that
+    width's clusters); with block scales, the default with its clusters toggled and
+    `warp_specialized`'s default."""
     variant = self.default_variant(problem)
     default = self.default_config(problem, variant)
-    tall = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64,
-                                                   epi_tile_n=64), variant)
+    tall = fit_stages(problem, dataclasses.replace(default, tile_m=256, tile_n=64, epi_tile_n=64,
+                                                   cluster_m=1, cluster_n=1), variant)
     candidates = [(variant, default), (variant, tall),
                   (variant, dataclasses.replace(default, grid_minor_m=True))]
-    if problem.scale_kind == "block":
-      candidates.append((variant, dataclasses.replace(default, cluster_n=3 - default.cluster_n)))
-    elif default.tile_n in (128, 192) and kernel_dtype(problem).itemsize == 1:
-      other = dataclasses.replace(default, tile_n=192 if default.tile_n == 128 else 128)
-      candidates.append((variant, fit_stages(problem, other, variant)))
+    if default.tile_n in (128, 192) and kernel_dtype(problem).itemsize == 1:
+      other = dataclasses.replace(default, tile_n=192 if default.tile_n == 128 else 128,
+                                  cluster_m=1, cluster_n=1)
+      candidates.append((variant, fit_stages(problem, _block_clusters(problem, other), variant)))
+    if problem.scale_kind == "block":   # clusters toggled
+      clustered = default.cluster_m * default.cluster_n > 1
+      candidates.append((variant, dataclasses.replace(default, cluster_m=1, cluster_n=1)
+                         if clustered else _clustered(default)))
     if variant != DEFAULT_VARIANT:
       candidates.append((DEFAULT_VARIANT, self.default_config(problem, DEFAULT_VARIANT)))
     return candidates
