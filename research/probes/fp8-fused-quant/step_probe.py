@@ -11,6 +11,7 @@ Runs (--runs, comma-separated; each the bench's `auto` backend for the GEMMs):
   block-tq    block scales, quantize_backend="triton"
 
 On the GPU machine: make gpu-env; PYTHONPATH=$PWD/.gpu-site python3 <this file> [--runs ...]
+[--top N] (also list each run's N longest kernels)
 """
 import collections
 import dataclasses
@@ -29,9 +30,12 @@ from jaxgemm.ops.scaled_matmul.training import Fp8Recipe  # noqa: E402
 
 CPU = "--cpu" in sys.argv
 RUNS = "bf16,tensor,tensor-f32,tensor-tq,block,block-tq"
+TOP = 0
 for i, a in enumerate(sys.argv):
   if a == "--runs":
     RUNS = sys.argv[i + 1]
+  if a == "--top":
+    TOP = int(sys.argv[i + 1])
 cfg = T.fp8_model(not CPU, quick=True)
 print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; model {cfg.describe()}",
       flush=True)
@@ -86,6 +90,9 @@ def profile(label, compiled, args, reps=3):
         f"{len(kernels)} kernels", flush=True)
   for c, (t, n) in sorted(classes.items(), key=lambda kv: -kv[1][0]):
     print(f"   {c:28s} {t:8.3f} ms  ({n} kernels)")
+  if TOP:   # --top N: the N longest kernels of one step, by name
+    for name, t in sorted(kernels, key=lambda kv: -kv[1])[:TOP]:
+      print(f"     {t:7.3f} ms  [{kind(name)}] {name[:110]}")
   return total
 
 
