@@ -61,7 +61,10 @@ before the first's promotion (1197). On an H100 (research/probes/fp8-clusters/ru
 B stored (N, K)): 128x192 tiles 1431 / 1398 TFLOP/s at 8192^3 / 8192x4096x14336
 against 1278 / 1244 at 128x128 (4096^3: 1227 against 1238, the last round of
 tiles part idle); 2-CTA clusters per tensor 0.97-1.01x, with block scales
-1.04-1.06x at those two shapes and 0.98x at 4096^3.
+1.04-1.06x at those two shapes and 0.98x at 4096^3. Block scales on 128x192
+tiles with clusters along M (research/probes/fp8-block-wide/run1): 1275 / 1265 /
+1087 TFLOP/s at 8192^3 / 8192x4096x14336 / 4096^3, against 1035 / 1041 / 1028
+at 128x128 without clusters.
 
 `tma_scales` (variant `warp_specialized_tma_scales`, block scales only): the
 answer DeepGEMM gives to the scale loads' cost, in the same body behind a
