@@ -55,6 +55,9 @@ TILE = 128
 # 4 warps 7% ("row") and 12% ("tile") ahead of 8.
 NUM_WARPS = 4
 MODES = ("tensor", "row", "tile")
+# Probe switch (research/probes/fp8-block-wide/quant_modes.py): q^T from the transposed
+# input tile, its amaxes along its own rows, instead of x's quantized tile transposed.
+TRANSPOSE_FIRST = False
 IN_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
 E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
@@ -112,7 +115,7 @@ def cast_transpose_kernel(
     x_ptr, given_scale_ptr, q_ptr, q_scale_ptr, qt_ptr, qt_scale_ptr,
     R: tl.constexpr, C: tl.constexpr, ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr,
     FMAX: tl.constexpr, POW2: tl.constexpr, STORE_F32: tl.constexpr,
-    TILE_SIZE: tl.constexpr, INDEX_64: tl.constexpr,
+    TILE_SIZE: tl.constexpr, INDEX_64: tl.constexpr, TRANSPOSE_FIRST: tl.constexpr = False,
 ):
   """q, q^T and their scales from one TILE_SIZE^2 tile of X (R, C) per program.
 
@@ -137,7 +140,8 @@ def cast_transpose_kernel(
   in_cols = cols[None, :] < C
   mask = in_rows & in_cols
   # Zeros past the edges: they leave every amax as it is.
-  x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+  x_in = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
+  x = x_in.to(tl.float32)
   abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
   s = _block_scale(abs_bits, given_scale_ptr, ROW_MODE, 1, FMAX, POW2)
@@ -148,15 +152,24 @@ def cast_transpose_kernel(
   if ROW_MODE == "tile":
     tl.store(q_scale_ptr + pid_r * NC + pid_c + tl.zeros((1, 1), tl.int32), s)
 
-  if COL_MODE != "":
+  if COL_MODE != "" and TRANSPOSE_FIRST:   # x^T's tile, its amaxes along its rows
+    xt = tl.trans(x_in).to(tl.float32)                           # (cols, rows)
+    abs_t = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    st = _block_scale(abs_t, given_scale_ptr, COL_MODE, 1, FMAX, POW2)
+    tl.store(qt_ptr + cols[:, None] * R + rows[None, :], _quantized(xt, st, qt_ptr, FMAX,
+                                                                    STORE_F32),
+             mask=(cols[:, None] < C) & (rows[None, :] < R))
+    if COL_MODE == "row":
+      tl.store(qt_scale_ptr + cols[:, None] * NR + pid_r, st, mask=cols[:, None] < C)
+  elif COL_MODE != "":
     st = _block_scale(abs_bits, given_scale_ptr, COL_MODE, 0, FMAX, POW2)
     qt = tl.trans(_quantized(x, st, qt_ptr, FMAX, STORE_F32))   # (cols, rows)
     tl.store(qt_ptr + cols[:, None] * R + rows[None, :], qt,
              mask=(cols[:, None] < C) & (rows[None, :] < R))
     if COL_MODE == "row":
       tl.store(qt_scale_ptr + cols[None, :] * NR + pid_r, st, mask=in_cols)
-    if COL_MODE == "tile":
-      tl.store(qt_scale_ptr + pid_c * NR + pid_r + tl.zeros((1, 1), tl.int32), st)
+  if COL_MODE == "tile":
+    tl.store(qt_scale_ptr + pid_c * NR + pid_r + tl.zeros((1, 1), tl.int32), st)
 
 
 def _check(x, dtype, row_block, col_block, scale, scale_dtype):
@@ -240,7 +253,7 @@ def cast_transpose(x, *, dtype, row_block, col_block, scale=None, scale_dtype=jn
       num_warps=NUM_WARPS, num_stages=1, R=r, C=c, ROW_MODE=row_block,
       COL_MODE=col_block or "", FMAX=int(jnp.finfo(dtype).max), POW2=scale_dtype == E8M0,
       STORE_F32=platform == "cpu", TILE_SIZE=TILE,
-      INDEX_64=r * c >= 2**31, **none_ptrs)
+      INDEX_64=r * c >= 2**31, TRANSPOSE_FIRST=TRANSPOSE_FIRST, **none_ptrs)
   results = triton_call.call(launch, x, given, platform=platform)
 
   def finish(q, q_scale, mode):
