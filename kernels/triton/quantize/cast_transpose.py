@@ -51,13 +51,21 @@ from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, SCALE_DTYPES
 
 # The scale block, and so the tile a program owns.
 TILE = 128
-# Not tuned yet. One wall-clock reading (H100, 4096 x 14336 bf16, q and q^T) had
-# 4 warps 7% ("row") and 12% ("tile") ahead of 8.
+# Warps a program, by modes (CUPTI, H100, 8192x4096, 8192x14336 and 14336x4096 bf16:
+# research/probes/fp8-block-wide/run4, quant_modes.py). x's ("row", "row") runs at
+# 1.8-2.0 TB/s on 4 warps against 1.4 on 8; the other block modes run 1-17% faster on 8
+# (("row", "tile") 2.6-2.7 TB/s against 2.2-2.3, ("tile", "tile") 2.7-2.8 against
+# 2.5-2.7, q alone 2.7-2.9 against 2.6-2.8). The "tensor" modes keep 4 (not timed by warps).
 NUM_WARPS = 4
+BLOCK_NUM_WARPS = 8
+
+
+def num_warps(row_block: str, col_block: str | None) -> int:
+  """The warps of a launch for these modes (NUM_WARPS' comment)."""
+  if "tensor" in (row_block, col_block) or (row_block, col_block) == ("row", "row"):
+    return NUM_WARPS
+  return BLOCK_NUM_WARPS
 MODES = ("tensor", "row", "tile")
-# Probe switch (research/probes/fp8-block-wide/quant_modes.py): q^T from the transposed
-# input tile, its amaxes along its own rows, instead of x's quantized tile transposed.
-TRANSPOSE_FIRST = False
 IN_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
 E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
@@ -115,7 +123,7 @@ def cast_transpose_kernel(
     x_ptr, given_scale_ptr, q_ptr, q_scale_ptr, qt_ptr, qt_scale_ptr,
     R: tl.constexpr, C: tl.constexpr, ROW_MODE: tl.constexpr, COL_MODE: tl.constexpr,
     FMAX: tl.constexpr, POW2: tl.constexpr, STORE_F32: tl.constexpr,
-    TILE_SIZE: tl.constexpr, INDEX_64: tl.constexpr, TRANSPOSE_FIRST: tl.constexpr = False,
+    TILE_SIZE: tl.constexpr, INDEX_64: tl.constexpr,
 ):
   """q, q^T and their scales from one TILE_SIZE^2 tile of X (R, C) per program.
 
@@ -140,8 +148,7 @@ def cast_transpose_kernel(
   in_cols = cols[None, :] < C
   mask = in_rows & in_cols
   # Zeros past the edges: they leave every amax as it is.
-  x_in = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0)
-  x = x_in.to(tl.float32)
+  x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=mask, other=0.0).to(tl.float32)
   abs_bits = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
 
   s = _block_scale(abs_bits, given_scale_ptr, ROW_MODE, 1, FMAX, POW2)
@@ -152,24 +159,15 @@ def cast_transpose_kernel(
   if ROW_MODE == "tile":
     tl.store(q_scale_ptr + pid_r * NC + pid_c + tl.zeros((1, 1), tl.int32), s)
 
-  if COL_MODE != "" and TRANSPOSE_FIRST:   # x^T's tile, its amaxes along its rows
-    xt = tl.trans(x_in).to(tl.float32)                           # (cols, rows)
-    abs_t = xt.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    st = _block_scale(abs_t, given_scale_ptr, COL_MODE, 1, FMAX, POW2)
-    tl.store(qt_ptr + cols[:, None] * R + rows[None, :], _quantized(xt, st, qt_ptr, FMAX,
-                                                                    STORE_F32),
-             mask=(cols[:, None] < C) & (rows[None, :] < R))
-    if COL_MODE == "row":
-      tl.store(qt_scale_ptr + cols[:, None] * NR + pid_r, st, mask=cols[:, None] < C)
-  elif COL_MODE != "":
+  if COL_MODE != "":
     st = _block_scale(abs_bits, given_scale_ptr, COL_MODE, 0, FMAX, POW2)
     qt = tl.trans(_quantized(x, st, qt_ptr, FMAX, STORE_F32))   # (cols, rows)
     tl.store(qt_ptr + cols[:, None] * R + rows[None, :], qt,
              mask=(cols[:, None] < C) & (rows[None, :] < R))
     if COL_MODE == "row":
       tl.store(qt_scale_ptr + cols[None, :] * NR + pid_r, st, mask=in_cols)
-  if COL_MODE == "tile":
-    tl.store(qt_scale_ptr + pid_c * NR + pid_r + tl.zeros((1, 1), tl.int32), st)
+    if COL_MODE == "tile":
+      tl.store(qt_scale_ptr + pid_c * NR + pid_r + tl.zeros((1, 1), tl.int32), st)
 
 
 def _check(x, dtype, row_block, col_block, scale, scale_dtype):
@@ -250,10 +248,10 @@ def cast_transpose(x, *, dtype, row_block, col_block, scale=None, scale_dtype=jn
   none_ptrs = {} if col_block is not None else dict(qt_ptr=None, qt_scale_ptr=None)
   launch = triton_call.Launch.make(
       cast_transpose_kernel, (triton.cdiv(r, TILE) * triton.cdiv(c, TILE),), tuple(outs),
-      num_warps=NUM_WARPS, num_stages=1, R=r, C=c, ROW_MODE=row_block,
+      num_warps=num_warps(row_block, col_block), num_stages=1, R=r, C=c, ROW_MODE=row_block,
       COL_MODE=col_block or "", FMAX=int(jnp.finfo(dtype).max), POW2=scale_dtype == E8M0,
       STORE_F32=platform == "cpu", TILE_SIZE=TILE,
-      INDEX_64=r * c >= 2**31, TRANSPOSE_FIRST=TRANSPOSE_FIRST, **none_ptrs)
+      INDEX_64=r * c >= 2**31, **none_ptrs)
   results = triton_call.call(launch, x, given, platform=platform)
 
   def finish(q, q_scale, mode):
