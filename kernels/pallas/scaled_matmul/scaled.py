@@ -134,6 +134,9 @@ B_SCALE_BOX = 32
 # before the first's promotion (the `overlap` argument's default): 1.5% faster at
 # 8192^3, equal at 8192x4096x14336 (the module docstring).
 OVERLAP_PROMOTION = True
+# Probe switch (research/probes/fp8-block-wide/probe.py): with `tma_scales` and the K steps
+# one at a time, read the step's scales from SMEM while its wgmma runs, not after it.
+SCALES_UNDER_WGMMA = False
 
 
 def b_scale_box(tn: int) -> int:
@@ -347,18 +350,17 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           def block_product(acc_ref):
             plgpu.wgmma(acc_ref, a_smem.at[slot, wg_rows, :], common.transposed(b_smem.at[slot]))
             # Issued under the wgmma; reading acc_ref waits for it.
-            if tma_scales:
-              return acc_ref[...], None
-            scale = scale_of(bi, ki, row0, n0) if per_block else None
-            return acc_ref[...], scale
-
-          part, scale = pl.run_scoped(block_product, plgpu.ACC((rows, tn), f32))
-          if tma_scales:   # read before the slot goes back to the producer
-            scales = smem_scales(a_scale_smem, b_scale_smem, slot)
-          elif per_block:
-            scales = [scale[:, c * chunk:(c + 1) * chunk] for c in range(chunks)]
-          else:
             scales = None
+            if tma_scales and SCALES_UNDER_WGMMA:
+              scales = smem_scales(a_scale_smem, b_scale_smem, slot)
+            elif per_block and not tma_scales:
+              scale = scale_of(bi, ki, row0, n0)
+              scales = [scale[:, c * chunk:(c + 1) * chunk] for c in range(chunks)]
+            return acc_ref[...], scales
+
+          part, scales = pl.run_scoped(block_product, plgpu.ACC((rows, tn), f32))
+          if tma_scales and not SCALES_UNDER_WGMMA:   # before the slot goes back
+            scales = smem_scales(a_scale_smem, b_scale_smem, slot)
           plgpu.barrier_arrive(consumed.at[slot])   # the wgmma has read the slot
           return promote(total, part, scales)
 
