@@ -77,10 +77,11 @@ compile-time switch.
   block). 640 bytes a slot at tm = 128: the default ring at 128x128 with a
   bf16 epilogue has 5 stages instead of 6.
 * A consumer reads its rows' a_scale (the accumulator's row layout, 2
-  registers a thread) and the b value (one scalar) from the slot after the
-  step's wgmma, before releasing the slot: no GMEM load in the K loop, and
+  registers a thread) and the b value (one scalar) from the slot while the
+  step's wgmma runs, before releasing the slot: no GMEM load in the K loop, and
   one multiply per element (part * (a_s * b_s) broadcast along N) instead of
-  the outer product's two.
+  the outer product's two. (Read after the wgmma instead, 128x192 ran 1.026-1.032x
+  slower: research/probes/fp8-block-wide/run6.)
 * A 128x192 tile spans two column blocks, at a boundary 64 or 128 columns in
   (tiles start at multiples of 64). Its slot holds the tile's whole b_scale
   vector (192 floats) and the promoted sum is three (64, 64) arrays, each
@@ -134,9 +135,6 @@ B_SCALE_BOX = 32
 # before the first's promotion (the `overlap` argument's default): 1.5% faster at
 # 8192^3, equal at 8192x4096x14336 (the module docstring).
 OVERLAP_PROMOTION = True
-# Probe switch (research/probes/fp8-block-wide/probe.py): with `tma_scales` and the K steps
-# one at a time, read the step's scales from SMEM while its wgmma runs, not after it.
-SCALES_UNDER_WGMMA = False
 
 
 def b_scale_box(tn: int) -> int:
@@ -350,17 +348,17 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           def block_product(acc_ref):
             plgpu.wgmma(acc_ref, a_smem.at[slot, wg_rows, :], common.transposed(b_smem.at[slot]))
             # Issued under the wgmma; reading acc_ref waits for it.
+            # (TMA scales: 1.026-1.032x over reading them after it at 128x192,
+            # research/probes/fp8-block-wide/run6.)
             scales = None
-            if tma_scales and SCALES_UNDER_WGMMA:
+            if tma_scales:
               scales = smem_scales(a_scale_smem, b_scale_smem, slot)
-            elif per_block and not tma_scales:
+            elif per_block:
               scale = scale_of(bi, ki, row0, n0)
               scales = [scale[:, c * chunk:(c + 1) * chunk] for c in range(chunks)]
             return acc_ref[...], scales
 
           part, scales = pl.run_scoped(block_product, plgpu.ACC((rows, tn), f32))
-          if tma_scales and not SCALES_UNDER_WGMMA:   # before the slot goes back
-            scales = smem_scales(a_scale_smem, b_scale_smem, slot)
           plgpu.barrier_arrive(consumed.at[slot])   # the wgmma has read the slot
           return promote(total, part, scales)
 
