@@ -30,12 +30,15 @@ Variants. `warp_specialized` reads block scales from GMEM in the K loop;
 `warp_specialized_tma_scales` (block scales only, their default) has the
 producer TMA-load each K step's a_scale column (tile_m floats) and b_scale
 value into the ring slot beside the operand blocks, the consumers reading
-them from SMEM, and K steps in pairs whose second wgmma is issued before the
-first is promoted (`scaled.OVERLAP_PROMOTION`). On the H200 it ran 1047 and
-1040 TFLOP/s at 8192^3 and 8192x4096x14336 where `warp_specialized` ran 667
-and 735 (research/probes/fp8-step-2026-11-26/run2, probe.py). Its ring slots
-carry 640 bytes more (in two buffers aligned to 1 KiB): 5 stages at 128x128
-with a bf16 epilogue instead of 6.
+them from SMEM while the step's wgmma runs, and at 128x128 K steps in pairs
+whose second wgmma is issued before the first is promoted
+(`scaled.OVERLAP_PROMOTION`). On the H200 it ran 1047 and 1040 TFLOP/s at
+8192^3 and 8192x4096x14336 where `warp_specialized` ran 667 and 735
+(research/probes/fp8-step-2026-11-26/run2, probe.py). Its ring slots carry
+640 bytes more at 128x128 (in two buffers aligned to 1 KiB): 5 stages with a
+bf16 epilogue instead of 6. It takes 128x192 tiles too (`default_config`):
+1322 / 1306 / 1115 TFLOP/s at 8192^3 / 8192x4096x14336 / 4096^3 on an H100,
+B stored (N, K) (research/probes/fp8-block-wide/run6).
 
 `backend="auto"` takes this kernel with no tuning record where it was measured
 to win (`structural_win`); elsewhere XLA's program.
@@ -291,7 +294,8 @@ class PallasScaledMatmul(registry.Backend):
     (the TMA-scales variant; the GMEM one keeps 128) take it at all three issue
     shapes, with 2-CTA clusters along M (`_block_clusters`): 1275 / 1265 / 1087
     TFLOP/s at 8192^3 / 8192x4096x14336 / 4096^3 against 1035-1043 / 1041 / 1028
-    on 128x128 without clusters (research/probes/fp8-block-wide/run1, H100).
+    on 128x128 without clusters (research/probes/fp8-block-wide/run1, H100; 1322 /
+    1306 / 1115 once the scales were read under the wgmma, run6).
 
     A consumer's two fp32 arrays cap the tile at 24576 elements; 128x192 loads
     the fewest operand bytes per output among those, 128x128 17% more and 256x64
