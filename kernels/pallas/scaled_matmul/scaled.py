@@ -228,11 +228,9 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
   def promote(total, part, scales):
     """total + part (times its scales, per column run): the step's one pass over
     the accumulator."""
-    cols = [slice(c * chunk, (c + 1) * chunk) for c in range(chunks)]
-    if scales is None:
-      return tuple(t + (part if chunks == 1 else part[:, col]) for t, col in zip(total, cols))
-    return tuple(t + (part if chunks == 1 else part[:, col]) * s
-                 for t, col, s in zip(total, cols, scales))
+    runs = [part[:, c * chunk:(c + 1) * chunk] for c in range(chunks)]   # register views
+    return tuple(t + (p if s is None else p * s)
+                 for t, p, s in zip(total, runs, scales or [None] * chunks))
 
   if exact_out:   # plain stores from one row-major staging slot per consumer
     out_smem_type = plgpu.SMEM((2, EPI_TILE_M, epi_tn), out_dtype)

@@ -46,6 +46,9 @@ PROBLEMS = ([(256, 256, 400)] if CPU else
             [(8192, 8192, 8192), (8192, 4096, 14336), (4096, 4096, 4096)])
 TMA = scaled_pallas.TMA_SCALES
 PROBE_SET = os.environ.get("PROBE_SET", "tiles")
+if PROBE_SET == "under" and not hasattr(scaled, "SCALES_UNDER_WGMMA"):
+  sys.exit("PROBE_SET=under needs commit 02a8fb9's SCALES_UNDER_WGMMA switch (since removed: "
+           "the kernel always reads the scales under the wgmma)")
 timer = timing.Timer("cpu" if CPU else "gpu")
 backend = registry.get_backend("pallas", "scaled_matmul")
 print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, timer {timer.label}", flush=True)
