@@ -52,7 +52,7 @@ def scaled_matmul_kernel(
     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, OUT_M: tl.constexpr, OUT_N: tl.constexpr,
     K_BLOCKS: tl.constexpr, N_BLOCKS: tl.constexpr, SCALE_BLOCK_SIZE: tl.constexpr,
     SCALE_KIND: tl.constexpr, INDEX_64: tl.constexpr,
-    A_BYTES_AS: tl.constexpr, B_BYTES_AS: tl.constexpr,
+    A_BYTES_AS: tl.constexpr, B_BYTES_AS: tl.constexpr, DOT_F16: tl.constexpr,
 ):
   """C[b] = sum over 128-wide K blocks kb of (A[b] @ B[b])_kb scaled, one (batch, tile) per program.
 
@@ -64,6 +64,10 @@ def scaled_matmul_kernel(
   SCALE_BLOCK_SIZE is 128, BLOCK_K divides it; EVEN_K: K is a multiple of 128.
   A_BYTES_AS, B_BYTES_AS: "" (the operand's pointer is fp8), or "e4m3" / "e5m2" for
   an operand passed as its uint8 bytes (Triton's interpreter, `kernel_operands`).
+  DOT_F16: the tiles go to the tensor cores as float16, exact for both fp8 types (e5m2
+  is float16's high byte; e4m3's exponents and 3 mantissa bits fit), whose wgmma reads
+  an operand stored MN-major from shared memory where fp8's reads only K-major
+  (`dot_f16`).
   """
   if A_BYTES_AS == "e4m3":
     a_ptr = a_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
@@ -101,6 +105,9 @@ def scaled_matmul_kernel(
         k_left = K - (kb * STEPS + step) * BLOCK_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+      if DOT_F16:
+        a = a.to(tl.float16)
+        b = b.to(tl.float16)
       partial = tl.dot(a, b, partial)
       a_ptrs += BLOCK_K * A_STRIDE_K
       b_ptrs += BLOCK_K * B_STRIDE_K
@@ -161,6 +168,11 @@ def stored_dtype(out_dtype, platform: str):
   return np.dtype(out_dtype)
 
 
+def dot_f16(problem) -> bool:
+  """Whether the kernel multiplies `problem`'s tiles in float16: PROBE, set by the probe."""
+  return False
+
+
 def launch(problem, config, platform, out_mn=None):
   """The launch of `scaled_matmul_kernel` for a `ScaledMatmulProblem` (laid out as the
   kernel reads it); out_mn: C's real (M, N) when the operands are padded past it."""
@@ -176,7 +188,8 @@ def launch(problem, config, platform, out_mn=None):
       GROUP_M=config.group_m, EVEN_K=problem.k % SCALE_BLOCK == 0, OUT_M=out_m, OUT_N=out_n,
       K_BLOCKS=triton.cdiv(problem.k, SCALE_BLOCK), N_BLOCKS=triton.cdiv(out_n, SCALE_BLOCK),
       SCALE_BLOCK_SIZE=SCALE_BLOCK, SCALE_KIND=problem.scale_kind,
-      INDEX_64=needs_index_64(problem), **bytes_as(problem, platform))
+      INDEX_64=needs_index_64(problem), **bytes_as(problem, platform),
+      DOT_F16=dot_f16(problem))
 
 
 def scaled_matmul(a, b, a_scale, b_scale, problem, config, platform, out_mn=None):
