@@ -198,16 +198,29 @@ def test_heuristic_tiles():
       128, 128, 128, 8, 4)
   assert big.align_operands
   assert (gpu._smem_bytes(big)[0]) == 4 * 256 * 128 <= SMEM_BYTES
+  # Up to 128 rows a B stored (K, N) is read in place (f16 wgmma), on 128x64x128 tiles.
   decode = gpu.default_config(_problem(16, 8192, 8192), "blocked")
-  assert (decode.block_m, decode.num_warps) == (16, 4)
-  mid = gpu.default_config(_problem(128, 14336, 4096), "blocked")
-  assert (mid.block_m, mid.block_n) == (64, 128)   # 2 x 112 tiles fill the 132 SMs
+  assert (decode.block_m, decode.block_n, decode.num_warps) == (16, 64, 4)
+  assert not decode.align_operands
+  rows128 = gpu.default_config(_problem(128, 14336, 4096), "blocked")
+  assert (rows128.block_m, rows128.block_n, rows128.block_k, rows128.num_warps,
+          rows128.num_stages, rows128.align_operands) == (128, 64, 128, 4, 3, False)
+  # A B stored (N, K) is K-major already: the fp8 tiles of the one-wave rule (2 x 112
+  # tiles of 64 rows fill the 132 SMs).
+  rows128_nt = gpu.default_config(_problem(128, 14336, 4096, trans_b=True), "blocked")
+  assert (rows128_nt.block_m, rows128_nt.block_n, rows128_nt.align_operands) == (64, 128, True)
+  rows256 = gpu.default_config(_problem(256, 14336, 4096), "blocked")
+  assert (rows256.block_m, rows256.block_n, rows256.align_operands) == (128, 128, True)
   small = gpu.default_config(_problem(100, 60, 200), "blocked")
-  assert (small.block_m, small.block_n, small.block_k) == (64, 64, 128)
+  assert (small.block_m, small.block_n, small.block_k) == (128, 64, 128)
   assert not small.align_operands   # 32 KB of operands: read as stored
-  # The interpreter has no SMs to fill: the largest tile, clamped to the problem.
-  cpu = TritonScaledMatmul(num_sms=0).default_config(_problem(70, 200, 40), "blocked")
-  assert (cpu.block_m, cpu.block_n, cpu.block_k) == (128, 128, 64)
+  # The interpreter has no SMs to fill: the largest tile, clamped to the problem (70 rows
+  # of a B stored (N, K); (K, N) takes the in-place tile).
+  cpu = TritonScaledMatmul(num_sms=0)
+  nt = cpu.default_config(_problem(70, 200, 40, trans_b=True), "blocked")
+  assert (nt.block_m, nt.block_n, nt.block_k) == (128, 128, 64)
+  nn = cpu.default_config(_problem(70, 200, 40), "blocked")
+  assert (nn.block_m, nn.block_n, nn.block_k, nn.align_operands) == (128, 64, 64, False)
 
 
 def test_auto_runs_xla_until_measured():

@@ -49,6 +49,8 @@ fp8 SMEM, TMA and wgmma (numpy's matmul of ml_dtypes' fp8 types, in fp32).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import math
 
 import jax
@@ -109,16 +111,34 @@ def kernel_problem(problem: ScaledMatmulProblem) -> GemmProblem:
                              trans_b=True)
 
 
-def k_major_operands(problem: ScaledMatmulProblem, a, b):
-  """The XLA pre-pass: A (batch, M, K) and B (batch, N, K) in `kernel_dtype` (a
-  transpose of an operand stored the other way, a cast of a mixed pair; one
-  fusion per operand, nothing for the K-major layout of one fp8 dtype)."""
+def k_major_operands(problem: ScaledMatmulProblem, a, b, platform: str = "cpu"):
+  """The pre-pass: A (batch, M, K) and B (batch, N, K) in `kernel_dtype` (a transpose
+  of an operand stored the other way, a cast of a mixed pair; one pass per operand,
+  nothing for the K-major layout of one fp8 dtype). An fp8 transpose without a cast
+  runs Triton's kernel on the GPU (`_transposed`), an XLA fusion otherwise."""
   dtype = kernel_dtype(problem)
   if problem.trans_a:
-    a = jnp.swapaxes(a, 1, 2)
+    a = _transposed(a, dtype, platform)
   if not problem.trans_b:
-    b = jnp.swapaxes(b, 1, 2)
+    b = _transposed(b, dtype, platform)
   return a.astype(dtype), b.astype(dtype)
+
+
+def _transposed(x, dtype, platform: str):
+  """x (batch, R, C) as (batch, C, R). On the GPU, an fp8 array the kernel reads as it
+  is goes through `kernels.triton.scaled_matmul.transpose` (1.3-1.5x XLA's transpose on
+  an H200, research/probes/fp8-inplace-f16/run1) where Triton and jax-triton are
+  installed; a mixed pair's cast stays fused with XLA's transpose (one pass)."""
+  if (platform == "cuda" and np.dtype(x.dtype) == dtype and dtype.itemsize == 1
+      and _triton_installed()):
+    from jaxgemm.kernels.triton.scaled_matmul import transpose  # noqa: PLC0415
+    return transpose.transpose(x, platform)
+  return jnp.swapaxes(x, 1, 2)
+
+
+@functools.cache
+def _triton_installed() -> bool:
+  return all(importlib.util.find_spec(name) for name in ("triton", "jax_triton"))
 
 
 def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig,
@@ -355,7 +375,7 @@ class PallasScaledMatmul(registry.Backend):
       if empty:   # nothing to launch: zeros (K = 0) or an empty result
         return scaled_xla.scaled_product(problem, a, b, a_scale, b_scale)
       from jaxgemm.kernels.pallas.scaled_matmul import scaled  # noqa: PLC0415 (Mosaic GPU)
-      a, b = k_major_operands(problem, a, b)
+      a, b = k_major_operands(problem, a, b, platform)
       a_scale, b_scale = a_scale.astype(jnp.float32), b_scale.astype(jnp.float32)
       return scaled.scaled(a, b, a_scale, b_scale, laid_out, config,
                            scale_kind=problem.scale_kind, interpret=interpret,

@@ -51,6 +51,15 @@ from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulPro
 # 8192^3 per tensor; 128x256 and 256x128 0.60-0.70x of it, 4 warps 0.37x, block_k 64
 # 0.83x; research/probes/fp8-2026-11-25/probe-h100-run1.log).
 _TILES = ((128, 128, 128, 8, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4))
+# Up to this many rows the default reads a B stored (K, N) in place, multiplying in
+# float16 (`scaled.dot_f16`), rather than transposing it first for FP8 wgmma: there the
+# weight's bytes bound the GEMM, and the transpose pass costs about what the GEMM does.
+# At 128x4096x14336 per tensor on an H200: 49.7 us against 62.9 with the transpose (XLA's
+# scaled form 71.2); at 256 rows the transpose already won, 80.7 against 92.6 us
+# (research/probes/fp8-inplace-f16/run1). Its tile, the best of run1's 48 at 128 rows:
+# 128x64x128, 4 warps, 3 stages (128x128x128 on 8 warps 49.9 us, 64-row tiles >= 56 us).
+IN_PLACE_MAX_ROWS = 128
+_IN_PLACE_TILE = (128, 64, 128, 4, 3)
 # The K steps tl.dot takes on fp8: wgmma's k is 32, and a step never crosses a
 # 128-wide scale block.
 BLOCK_K_CHOICES = (32, 64, 128)
@@ -103,16 +112,19 @@ class TritonScaledMatmul(registry.Backend):
     below 64 rows (mma.sync there: wgmma needs 64), columns from 16, K steps
     from 32 up to 128; then fewer stages until shared memory holds them."""
     num_sms = self._matmul.num_sms
+    in_place = self._reads_weight_in_place(problem)
     for block_m, block_n, block_k, num_warps, num_stages in _TILES:
       if _tile_count(problem, block_m, block_n) >= num_sms:
         break
+    if in_place:
+      block_m, block_n, block_k, num_warps, num_stages = _IN_PLACE_TILE
     min_m = 64 if problem.m >= 64 else 16
     config = TritonConfig(
         block_m=_pow2_at_least(problem.m, min_m, block_m),
         block_n=_pow2_at_least(problem.n, 16, block_n),
         block_k=_pow2_at_least(problem.k, BLOCK_K_CHOICES[0], block_k),
         num_warps=num_warps, num_stages=num_stages, group_m=8,
-        align_operands=self._worth_aligning(problem))
+        align_operands=self._worth_aligning(problem) and not in_place)
     return self._within_smem(problem, config)
 
   @staticmethod
@@ -121,6 +133,11 @@ class TritonScaledMatmul(registry.Backend):
     megabyte the extra pass costs about what the GEMM does)."""
     operand_bytes = problem.batch * (problem.m + problem.n) * problem.k   # one byte each
     return operand_bytes >= ALIGN_MIN_OPERAND_BYTES
+
+  @staticmethod
+  def _reads_weight_in_place(problem: ScaledMatmulProblem) -> bool:
+    """A few rows (`IN_PLACE_MAX_ROWS`) against a B stored (K, N): read it as it is."""
+    return problem.m <= IN_PLACE_MAX_ROWS and not problem.trans_b
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, TritonConfig]]:
     """The heuristic's config, a 64-row tile with 4 warps (more programs), and the

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from jaxgemm import triton_call
+from jaxgemm.kernels.triton.scaled_matmul import transpose
 from jaxgemm.kernels.triton.common import grouped_tile, store_tile, tile_ptrs
 from jaxgemm.kernels.triton.matmul.tiled import needs_index_64, operand_strides
 
@@ -169,8 +170,19 @@ def stored_dtype(out_dtype, platform: str):
 
 
 def dot_f16(problem) -> bool:
-  """Whether the kernel multiplies `problem`'s tiles in float16: PROBE, set by the probe."""
-  return False
+  """Whether the kernel multiplies `problem`'s tiles in float16 (`DOT_F16`): where it
+  reads an operand MN-major (A stored (K, M), B stored (K, N)).
+
+  FP8 wgmma takes its shared-memory operands K-major only, so Triton feeds it an
+  MN-major fp8 tile through registers (prmt byte permutes) and outside the cp.async
+  pipeline (`laid_out`); f16 wgmma reads either major, and the sm_90 PTX keeps
+  cp.async (48-64 of them, no prmt) at the price of f16's half rate. At 128 rows,
+  where the (K, N) weight's bytes bound the GEMM, that took 128x4096x14336 from
+  112 us (fp8, weight in place; research/probes/fp8-block-wide/run8, an H100) to
+  49.7 on an H200, where transposing the weight first for fp8 ran 62.9
+  (research/probes/fp8-inplace-f16/run1).
+  """
+  return problem.trans_a or not problem.trans_b
 
 
 def launch(problem, config, platform, out_mn=None):
@@ -219,14 +231,21 @@ def laid_out(problem):
   return dataclasses.replace(problem, trans_a=False, trans_b=True, k=k)
 
 
-def relayout(problem, a, b):
-  """(a, b) as `laid_out(problem)` reads them: one XLA pass (transpose, zero pad) over
-  an operand that is not K-major or whose K is not 16-byte aligned, none otherwise."""
+def relayout(problem, a, b, platform: str):
+  """(a, b) as `laid_out(problem)` reads them: one pass (transpose, zero pad) over an
+  operand that is not K-major or whose K is not 16-byte aligned, none otherwise. A
+  transpose alone runs Triton's `transpose.transpose` (1.3-1.5x XLA's on an H200), one
+  with a pad XLA's (the pad fuses into it)."""
   target = laid_out(problem)
+
+  def swap(x):
+    if target.k == problem.k:
+      return transpose.transpose(x, platform)
+    return jnp.swapaxes(x, 1, 2)
   if problem.trans_a:
-    a = jnp.swapaxes(a, 1, 2)
+    a = swap(a)
   if not problem.trans_b:
-    b = jnp.swapaxes(b, 1, 2)
+    b = swap(b)
   pad = [(0, 0), (0, 0), (0, target.k - problem.k)]
   if target.k != problem.k:
     a, b = jnp.pad(a, pad), jnp.pad(b, pad)
@@ -241,7 +260,7 @@ def relaid_scaled_matmul(problem, config, platform):
     return lambda a, b, sa, sb: scaled_matmul(a, b, sa, sb, problem, config, platform)
 
   def run(a, b, a_scale, b_scale):
-    a, b = relayout(problem, a, b)
+    a, b = relayout(problem, a, b, platform)
     return scaled_matmul(a, b, a_scale, b_scale, target, config, platform,
                          out_mn=(problem.m, problem.n))
   return run
