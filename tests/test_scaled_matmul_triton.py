@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from test_scaled_matmul import (A_BLOCK, ACC_TOL, B_BLOCK, BF16, E4M3, E5M2, F32
                                 operands, reference)
 
 pytest.importorskip("triton")
-from jaxgemm.kernels.triton.scaled_matmul import scaled  # noqa: E402
+from jaxgemm.kernels.triton.scaled_matmul import scaled, transpose  # noqa: E402
 from jaxgemm.ops.matmul.triton import SMEM_BYTES, TritonConfig  # noqa: E402
 from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem  # noqa: E402
 from jaxgemm.ops.scaled_matmul.triton import TritonScaledMatmul  # noqa: E402
@@ -79,14 +80,62 @@ def test_tile_wider_than_a_scale_block(kind, rng):
   _run(24, 260, 300, kind, config, rng)
 
 
+@pytest.mark.parametrize("k", [200, 256])
 @pytest.mark.parametrize("align", [False, True], ids=["as-stored", "relaid"])
 @pytest.mark.parametrize("trans_a,trans_b", LAYOUTS)
-def test_layouts_as_stored_and_relaid(trans_a, trans_b, align, rng):
-  """Every layout read in place (strides) and relaid K-major with K = 200 padded
-  to 208 (whole 16-byte rows), block scales, batch 2: the same products."""
+def test_layouts_as_stored_and_relaid(trans_a, trans_b, align, k, rng):
+  """Every layout read in place (strides; an MN-major operand through f16 wgmma,
+  `scaled.dot_f16`) and relaid K-major: K = 200 padded to 208 (whole 16-byte rows, an
+  XLA pass), K = 256 transposed by the Triton kernel; block scales, batch 2: the same
+  products."""
   config = TritonConfig(block_m=32, block_n=32, block_k=64, num_warps=4, num_stages=2,
                         align_operands=align)
-  _run(36, 200, 72, "block", config, rng, trans_a=trans_a, trans_b=trans_b, batch=(2,))
+  _run(36, k, 72, "block", config, rng, trans_a=trans_a, trans_b=trans_b, batch=(2,))
+
+
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS)
+def test_f16_math_exactly_where_an_operand_is_read_mn_major(trans_a, trans_b):
+  """FP8 wgmma reads K-major only: the kernel multiplies in f16 where it reads A
+  stored (K, M) or B stored (K, N) as they are, and never after the relayout."""
+  stored = _problem(128, 256, 512, trans_a=trans_a, trans_b=trans_b)
+  assert scaled.dot_f16(stored) == (trans_a or not trans_b)
+  assert not scaled.dot_f16(scaled.laid_out(stored))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)],
+                         ids=["e4m3", "e5m2", "mixed"])
+def test_default_reads_a_kn_weight_in_place_up_to_128_rows(dtypes, kind, rng):
+  """The heuristic's config for 100 rows against a B stored (K, N) (in place, f16
+  math), every scale kind and dtype pair, against float64."""
+  a, sa, a64 = operands(rng, (100, 384), dtypes[0], A_BLOCK[kind])
+  b, sb, b64 = operands(rng, (384, 136), dtypes[1], B_BLOCK[kind])
+  problem = _problem(100, 136, 384, kind=kind, dtype=dtypes[0], b_dtype=dtypes[1])
+  config = TritonScaledMatmul(num_sms=132).default_config(problem, "blocked")
+  assert not config.align_operands and scaled.dot_f16(problem)
+  out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, backend="triton", config=config)
+  ref, bound = reference(a64, b64)
+  assert_gemm_close(out, ref, bound, OUT_STEP[np.dtype(F32)] + ACC_TOL, f"{kind} {dtypes}")
+
+
+@pytest.mark.parametrize("shape", [(1, 128, 256), (2, 130, 300), (3, 7, 5), (1, 1, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [E4M3, E5M2, np.dtype(np.uint8)], ids=lambda d: d.name)
+def test_transpose_kernel_is_swapaxes_bit_for_bit(shape, dtype, rng):
+  """The relayout's Triton transpose (whole and partial 128x128 tiles, batches)."""
+  bits = jnp.asarray(rng.integers(0, 256, shape, dtype=np.uint8))
+  x = jax.lax.bitcast_convert_type(bits, dtype) if dtype != np.uint8 else bits
+  y = transpose.transpose(x, "cpu")
+  assert y.dtype == x.dtype and y.shape == (shape[0], shape[2], shape[1])
+  np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(y, jnp.uint8)),
+                                np.swapaxes(np.asarray(bits), 1, 2))
+
+
+def test_transpose_kernel_refuses_what_it_cannot_move():
+  with pytest.raises(ValueError, match=r"one-byte dtype; got x.shape=\(2, 3\)"):
+    transpose.transpose(jnp.zeros((2, 3), jnp.uint8), "cpu")
+  with pytest.raises(ValueError, match="x.dtype=bfloat16"):
+    transpose.transpose(jnp.zeros((1, 2, 3), jnp.bfloat16), "cpu")
 
 
 def test_laid_out_problem():
@@ -239,10 +288,12 @@ def test_auto_runs_xla_until_measured():
 @pytest.mark.parametrize("kind", KINDS)
 def test_long_k_compiled_against_float64(kind, trans_a, trans_b, rng):
   """K = 16384 (and 16384 - 64: a partial last block) compiled for the GPU with the
-  heuristic's config: the error stays within ACC_TOL of |A| @ |B| (unpromoted FP8
+  heuristic's config (the Triton transpose before K-major fp8 tiles; at 96 rows f16 math
+  in place): the error stays within ACC_TOL of |A| @ |B| (unpromoted FP8
   wgmma accumulation would exceed it, tests/test_scaled_matmul.py), for every
   layout (relaid K-major) and scale kind."""
-  for m, n, k in ((256, 384, 16384), (200, 136, 16384 - 64)):
+  # 96 rows: a B stored (K, N) is read in place with f16 math (the default up to 128).
+  for m, n, k in ((256, 384, 16384), (200, 136, 16384 - 64), (96, 256, 16384)):
     a_block = (A_BLOCK_T if trans_a else A_BLOCK)[kind]
     b_block = (B_BLOCK_T if trans_b else B_BLOCK)[kind]
     a, sa, a64 = operands(rng, (k, m) if trans_a else (m, k), E4M3, a_block, spread=False)

@@ -100,8 +100,9 @@ def test_scaled_matmul_launch_runs_fp8_wgmma_and_promotes(a_dtype, b_dtype, kind
   FP8 wgmma fed by cp.async, and promotes every 128 of K: each block's first
   wgmma starts from zero (scale-d 0) and each accumulator element takes one
   fp32 add (fma with block scales) per block. Not K-major, Triton 3.9 still
-  emits wgmma but loads that operand outside the cp.async pipeline (16 of the
-  32 cp.async left, 48 prmt), which is why the backend relays it."""
+  emits FP8 wgmma but loads that operand outside the cp.async pipeline (16 of the
+  32 cp.async left, 48 prmt), which is why the backend relays it, or reads it in
+  place with f16 math (the next test)."""
   import re  # noqa: PLC0415
   from jaxgemm.kernels.triton.scaled_matmul import scaled  # noqa: PLC0415
   from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem  # noqa: PLC0415
@@ -127,3 +128,24 @@ def test_scaled_matmul_launch_runs_fp8_wgmma_and_promotes(a_dtype, b_dtype, kind
   promotions = len(re.findall(r"\bfma\.rn\.f32" if kind == "block" else r"\badd\.(?:rn\.)?f32",
                               ptx))
   assert promotions >= per_thread, f"{promotions} fp32 adds for {per_thread} elements"
+
+
+@pytest.mark.parametrize("kind", ["tensor", "block"])
+def test_scaled_matmul_in_place_weight_runs_f16_wgmma_in_the_pipeline(kind, monkeypatch):
+  """128 rows against a B stored (K, N), as the heuristic runs it (read in place,
+  `scaled.dot_f16`): f16 wgmma, which reads the N-major B from shared memory, with
+  both operands in the cp.async pipeline and no byte-permute transposes (fp8 math on
+  the same launch: 16 cp.async and 96 prmt)."""
+  from jaxgemm.kernels.triton.scaled_matmul import scaled  # noqa: PLC0415
+  from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem  # noqa: PLC0415
+  from jaxgemm.ops.scaled_matmul.triton import TritonScaledMatmul  # noqa: PLC0415
+  problem = ScaledMatmulProblem(1, 128, 14336, 4096, E4M3, np.dtype(jnp.bfloat16),
+                                np.dtype(np.float32), scale_kind=kind)
+  config = TritonScaledMatmul(num_sms=132).default_config(problem, "blocked")
+  assert not config.align_operands and scaled.dot_f16(problem)
+  ptx = compile_like_jax_triton(scaled.launch(problem, config, "cuda"),
+                                [E4M3, E4M3, np.float32, np.float32], monkeypatch)
+  assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in ptx
+  cp_async_16 = ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global")
+  assert cp_async_16 >= 32, f"only {cp_async_16} cp.async: an operand left the pipeline"
+  assert "prmt" not in ptx

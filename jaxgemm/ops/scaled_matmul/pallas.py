@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import math
 
 import jax
@@ -130,15 +129,22 @@ def _transposed(x, dtype, platform: str):
   an H200, research/probes/fp8-inplace-f16/run1) where Triton and jax-triton are
   installed; a mixed pair's cast stays fused with XLA's transpose (one pass)."""
   if (platform == "cuda" and np.dtype(x.dtype) == dtype and dtype.itemsize == 1
-      and _triton_installed()):
+      and _triton_runs_on_gpu()):
     from jaxgemm.kernels.triton.scaled_matmul import transpose  # noqa: PLC0415
     return transpose.transpose(x, platform)
   return jnp.swapaxes(x, 1, 2)
 
 
 @functools.cache
-def _triton_installed() -> bool:
-  return all(importlib.util.find_spec(name) for name in ("triton", "jax_triton"))
+def _triton_runs_on_gpu() -> bool:
+  """Whether Triton kernels can launch on the GPU here (jax-triton refuses to import
+  on a jaxlib without GPU support, as when lowering for cuda on a CPU machine)."""
+  try:
+    import jax_triton  # noqa: F401, PLC0415
+    import triton  # noqa: F401, PLC0415
+  except ImportError:
+    return False
+  return True
 
 
 def smem_bytes(problem: ScaledMatmulProblem, config: PallasConfig,

@@ -16,11 +16,15 @@ block (tests/test_triton_ptx.py). On the CPU the same kernel source runs in
 Triton's interpreter, which decodes fp8 exactly (no upcast needed).
 
 Layout: with `config.align_operands` (the heuristic's choice from a megabyte
-of operands up) an operand that is not K-major is transposed first and K is
-zero-padded to 16-byte rows, one XLA pass each (`scaled.laid_out` has the
-PTX evidence: every layout gets wgmma, but a non-K-major operand skips the
+of operands up) an operand that is not K-major is transposed first (Triton's
+fp8 transpose, `kernels.triton.scaled_matmul.transpose`) and K is zero-padded
+to 16-byte rows (an XLA pass), one pass each (`scaled.laid_out` has the PTX
+evidence: FP8 wgmma reads K-major only, and a non-K-major fp8 operand skips the
 cp.async pipeline through a register transpose). A row-major A (M, K) and a
 B stored (N, K) (`trans_b=True`) with K a multiple of 16 are read in place.
+An operand read in place MN-major goes to f16 wgmma instead (`scaled.dot_f16`,
+exact): the default up to 128 rows against a B stored (K, N)
+(`IN_PLACE_MAX_ROWS`), where the weight's bytes bound the GEMM.
 
 Config: the matmul's `TritonConfig`; block_k must divide 128 (32, 64 or 128),
 split_k, tma, warp_specialize and epilogue_subtile > 1 are refused.

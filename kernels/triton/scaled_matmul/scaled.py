@@ -219,11 +219,12 @@ def laid_out(problem):
   16-byte rows. The same problem where nothing moves.
 
   Why (sm_90 PTX of the 128x128x128 launch, Triton 3.9, tests/test_triton_ptx.py):
-  every layout lowers to FP8 wgmma, but an operand that is not K-major is
-  loaded with ld.global, transposed in registers (prmt byte permutes) and
-  stored to shared memory, outside the cp.async pipeline: 32 cp.async with
+  with fp8 math every layout lowers to FP8 wgmma, but an operand that is not
+  K-major is loaded with ld.global, transposed in registers (prmt byte permutes)
+  and stored to shared memory, outside the cp.async pipeline: 32 cp.async with
   both operands K-major, 16 with one not (NN, TT: 48 prmt), 0 with neither (TN:
-  96 prmt). Rows whose byte length is not a multiple of 16 (K = 4097) leave no
+  96 prmt). Read in place, such an operand goes to f16 wgmma instead (`dot_f16`):
+  half the FP8 rate, which pays only where bytes bound the GEMM. Rows whose byte length is not a multiple of 16 (K = 4097) leave no
   cp.async at all. Padding K adds zeros to the products and keeps the number
   of 128-wide K blocks, so the scales need no change.
   """
