@@ -54,7 +54,6 @@ def scaled_matmul_kernel(
     K_BLOCKS: tl.constexpr, N_BLOCKS: tl.constexpr, SCALE_BLOCK_SIZE: tl.constexpr,
     SCALE_KIND: tl.constexpr, INDEX_64: tl.constexpr,
     A_BYTES_AS: tl.constexpr, B_BYTES_AS: tl.constexpr, DOT_F16: tl.constexpr,
-    SPLIT_K: tl.constexpr,
 ):
   """C[b] = sum over 128-wide K blocks kb of (A[b] @ B[b])_kb scaled, one (batch, tile) per program.
 
@@ -70,8 +69,6 @@ def scaled_matmul_kernel(
   is float16's high byte; e4m3's exponents and 3 mantissa bits fit), whose wgmma reads
   an operand stored MN-major from shared memory where fp8's reads only K-major
   (`dot_f16`).
-  SPLIT_K > 1: programs split the K blocks SPLIT_K ways, each storing its scaled fp32
-  partial C to slice `split` of C (SPLIT_K * B, OUT_M, OUT_N), which the caller sums.
   """
   if A_BYTES_AS == "e4m3":
     a_ptr = a_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
@@ -83,8 +80,6 @@ def scaled_matmul_kernel(
     b_ptr = b_ptr.to(tl.pointer_type(tl.float8e5), bitcast=True)
   tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
   pid = tl.program_id(0)
-  split = pid % SPLIT_K
-  pid = pid // SPLIT_K
   batch = pid // tiles
   pid_m, pid_n = grouped_tile(pid % tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
   # Rows (columns) past M (N) wrap around: loads stay in bounds, never stored.
@@ -99,12 +94,8 @@ def scaled_matmul_kernel(
   scale_n = offs_n % OUT_N
   scale_batch = batch.to(tl.int64) if INDEX_64 else batch
   STEPS: tl.constexpr = SCALE_BLOCK_SIZE // BLOCK_K
-  SPLIT_BLOCKS: tl.constexpr = (K_BLOCKS + SPLIT_K - 1) // SPLIT_K
-  kb_first = split * SPLIT_BLOCKS
-  a_ptrs += kb_first * SCALE_BLOCK_SIZE * A_STRIDE_K
-  b_ptrs += kb_first * SCALE_BLOCK_SIZE * B_STRIDE_K
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-  for kb in range(kb_first, tl.minimum(kb_first + SPLIT_BLOCKS, K_BLOCKS)):
+  for kb in range(0, K_BLOCKS):
     # The block's sum on the tensor cores, from zero: at most 128 products deep.
     partial = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in tl.static_range(STEPS):
@@ -138,7 +129,7 @@ def scaled_matmul_kernel(
     acc = acc * (sa[:, None] * sb[None, :])
   offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
   offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-  store_tile(c_ptr, split * BATCH + batch, offs_cm, offs_cn, acc, OUT_M, OUT_N, INDEX_64)
+  store_tile(c_ptr, batch, offs_cm, offs_cn, acc, OUT_M, OUT_N, INDEX_64)
 
 
 # fp8 dtypes by the names the kernel's A_BYTES_AS / B_BYTES_AS take.
@@ -199,20 +190,18 @@ def launch(problem, config, platform, out_mn=None):
   kernel reads it); out_mn: C's real (M, N) when the operands are padded past it."""
   out_m, out_n = out_mn or (problem.m, problem.n)
   tiles = triton.cdiv(problem.m, config.block_m) * triton.cdiv(problem.n, config.block_n)
-  split_k = config.split_k
-  out_dtype = np.float32 if split_k > 1 else stored_dtype(problem.out_dtype, platform)
-  out = jax.ShapeDtypeStruct((split_k * problem.batch, out_m, out_n), out_dtype)
+  out = jax.ShapeDtypeStruct((problem.batch, out_m, out_n),
+                             stored_dtype(problem.out_dtype, platform))
   return triton_call.Launch.make(
-      scaled_matmul_kernel, (split_k * problem.batch * tiles,), out,
+      scaled_matmul_kernel, (problem.batch * tiles,), out,
       num_warps=config.num_warps, num_stages=config.num_stages,
       BATCH=problem.batch, M=problem.m, N=problem.n, K=problem.k, **operand_strides(problem),
       BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
       GROUP_M=config.group_m, EVEN_K=problem.k % SCALE_BLOCK == 0, OUT_M=out_m, OUT_N=out_n,
       K_BLOCKS=triton.cdiv(problem.k, SCALE_BLOCK), N_BLOCKS=triton.cdiv(out_n, SCALE_BLOCK),
       SCALE_BLOCK_SIZE=SCALE_BLOCK, SCALE_KIND=problem.scale_kind,
-      INDEX_64=needs_index_64(problem) or split_k * problem.batch * out_m * out_n >= 2**31,
-      **bytes_as(problem, platform),
-      DOT_F16=dot_f16(problem), SPLIT_K=split_k)
+      INDEX_64=needs_index_64(problem), **bytes_as(problem, platform),
+      DOT_F16=dot_f16(problem))
 
 
 def scaled_matmul(a, b, a_scale, b_scale, problem, config, platform, out_mn=None):
@@ -221,8 +210,6 @@ def scaled_matmul(a, b, a_scale, b_scale, problem, config, platform, out_mn=None
   a_scale, b_scale = a_scale.astype(jnp.float32), b_scale.astype(jnp.float32)  # e8m0 too
   c = triton_call.call(launch(problem, config, platform, out_mn), a, b, a_scale, b_scale,
                        platform=platform)
-  if config.split_k > 1:   # the fp32 partials, summed in a fixed order (deterministic)
-    c = c.reshape(config.split_k, problem.batch, *c.shape[1:]).sum(0)
   return c.astype(problem.out_dtype)   # a no-op but in the interpreter (`stored_dtype`)
 
 

@@ -6,7 +6,8 @@ target of ~36 us; B's bytes alone take ~14 us). Splitting K (`config.split_k`: e
 program takes whole 128-wide K blocks and stores a scaled fp32 partial, which XLA
 sums) gives 2-4x the programs without more reads of A. Tiles x splits, per tensor and
 block scales, each paired with XLA's scaled form (CUPTI) and checked against the
-unsplit default's output.
+unsplit default's output. Runs at 4b9c81b, the commit with the split (reverted after run5:
+no split beat the unsplit default by enough to matter, most lost).
 """
 import dataclasses
 import sys
