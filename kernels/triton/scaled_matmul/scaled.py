@@ -94,16 +94,10 @@ def scaled_matmul_kernel(
   scale_n = offs_n % OUT_N
   scale_batch = batch.to(tl.int64) if INDEX_64 else batch
   STEPS: tl.constexpr = SCALE_BLOCK_SIZE // BLOCK_K
-  # f16 wgmma sums in full fp32: without block scales there is nothing to promote, and
-  # one fp32 tile in registers instead of two leaves room for wider tiles.
-  PROMOTE: tl.constexpr = SCALE_KIND == "block" or not DOT_F16
   acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
   for kb in range(0, K_BLOCKS):
     # The block's sum on the tensor cores, from zero: at most 128 products deep.
-    if PROMOTE:
-      partial = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    else:
-      partial = acc
+    partial = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in tl.static_range(STEPS):
       if EVEN_K:
         a = tl.load(a_ptrs)
@@ -124,10 +118,8 @@ def scaled_matmul_kernel(
       sb = tl.load(b_scale_ptr + (scale_batch * K_BLOCKS + kb) * N_BLOCKS
                    + scale_n // SCALE_BLOCK_SIZE)
       acc += partial * (sa[:, None] * sb[None, :])
-    elif PROMOTE:
-      acc += partial
     else:
-      acc = partial
+      acc += partial
 
   if SCALE_KIND == "tensor":
     acc = acc * (tl.load(a_scale_ptr) * tl.load(b_scale_ptr))
