@@ -10,12 +10,13 @@ C is rounded once to out_dtype.
 
 Layouts. Hopper's FP8 wgmma reads both operands K-major only: A stored
 (M, K) and B stored (N, K), i.e. trans_a=False, trans_b=True, which run as
-they are. Any other layout is relaid by an XLA transpose before the kernel:
-trans_a=True transposes A (one read and one write of M x K bytes), and
-trans_b=False, the plain `x @ w` with w stored (K, N), transposes B (K x N
-bytes each way) on every call. Against the GEMM's 2 M N K flops that is small
-for large M, but for a weight reused across calls, store it (N, K) and pass
-trans_b=True (`jaxgemm.matmul(..., fp8=...)`'s dgrad already does).
+they are. Any other layout is relaid by a transpose before the kernel (Triton's
+fp8 transpose on the GPU, 1.2-1.5x XLA's; `k_major_operands`): trans_a=True
+transposes A (one read and one write of M x K bytes), and trans_b=False, the
+plain `x @ w` with w stored (K, N), transposes B (K x N bytes each way) on every
+call. Against the GEMM's 2 M N K flops that is small for large M, but for a
+weight reused across calls, store it (N, K) and pass trans_b=True
+(`jaxgemm.matmul(..., fp8=...)`'s dgrad already does).
 
 Mixed fp8 pairs (e4m3 x e5m2). jax 0.10.2's Mosaic GPU refuses wgmma operands
 of different dtypes ("Mixed input dtypes for matrix multiplication
