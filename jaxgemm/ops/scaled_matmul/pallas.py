@@ -11,7 +11,7 @@ C is rounded once to out_dtype.
 Layouts. Hopper's FP8 wgmma reads both operands K-major only: A stored
 (M, K) and B stored (N, K), i.e. trans_a=False, trans_b=True, which run as
 they are. Any other layout is relaid by a transpose before the kernel (Triton's
-fp8 transpose on the GPU, 1.2-1.5x XLA's; `k_major_operands`): trans_a=True
+fp8 transpose on the GPU, 1.3-1.5x XLA's; `k_major_operands`): trans_a=True
 transposes A (one read and one write of M x K bytes), and trans_b=False, the
 plain `x @ w` with w stored (K, N), transposes B (K x N bytes each way) on every
 call. Against the GEMM's 2 M N K flops that is small for large M, but for a

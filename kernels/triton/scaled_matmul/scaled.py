@@ -224,9 +224,10 @@ def laid_out(problem):
   and stored to shared memory, outside the cp.async pipeline: 32 cp.async with
   both operands K-major, 16 with one not (NN, TT: 48 prmt), 0 with neither (TN:
   96 prmt). Read in place, such an operand goes to f16 wgmma instead (`dot_f16`):
-  half the FP8 rate, which pays only where bytes bound the GEMM. Rows whose byte length is not a multiple of 16 (K = 4097) leave no
-  cp.async at all. Padding K adds zeros to the products and keeps the number
-  of 128-wide K blocks, so the scales need no change.
+  half the FP8 rate, which pays only where bytes bound the GEMM. Rows whose byte
+  length is not a multiple of 16 (K = 4097) leave no cp.async at all. Padding K adds
+  zeros to the products and keeps the number of 128-wide K blocks, so the scales need
+  no change.
   """
   k = -(-problem.k // ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES   # fp8: one byte per element
   return dataclasses.replace(problem, trans_a=False, trans_b=True, k=k)
