@@ -94,25 +94,66 @@ def test_layouts_as_stored_and_relaid(trans_a, trans_b, align, k, rng):
 
 
 @pytest.mark.parametrize("trans_a,trans_b", LAYOUTS)
-def test_f16_math_exactly_where_an_operand_is_read_mn_major(trans_a, trans_b):
-  """FP8 wgmma reads K-major only: the kernel multiplies in f16 where it reads A
-  stored (K, M) or B stored (K, N) as they are, and never after the relayout."""
+def test_mn_major_operands_take_f16_math_or_registers(trans_a, trans_b):
+  """FP8 wgmma reads shared memory K-major only: the kernel multiplies in f16 where it
+  reads B stored (K, N) as it is, feeds an A stored (K, M) to FP8 wgmma from registers
+  where B is K-major, and does neither after the relayout."""
   stored = _problem(128, 256, 512, trans_a=trans_a, trans_b=trans_b)
-  assert scaled.dot_f16(stored) == (trans_a or not trans_b)
+  assert scaled.dot_f16(stored) == (not trans_b)
+  assert scaled.a_through_registers(stored) == (trans_a and trans_b)
   assert not scaled.dot_f16(scaled.laid_out(stored))
+  assert not scaled.a_through_registers(scaled.laid_out(stored))
+
+
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS)
+def test_swapped_problem_exchanges_the_operands(trans_a, trans_b):
+  """C^T = op(B)^T op(A)^T: M and N, the dtypes and the operands' roles trade places
+  (a B stored (K, N) is an A stored (K, M') of the swapped problem); twice is once."""
+  p = _problem(36, 72, 200, kind="row_col", trans_a=trans_a, trans_b=trans_b, b_dtype=E5M2)
+  s = scaled.swapped(p)
+  assert (s.m, s.n, s.k, s.dtype, s.b_dtype) == (72, 36, 200, E5M2, E4M3)
+  assert (s.trans_a, s.trans_b) == (not trans_b, not trans_a)
+  assert scaled.swapped(s) == p
+
+
+@pytest.mark.parametrize("kind", ["tensor", "row_col"])
+@pytest.mark.parametrize("trans_a,trans_b", LAYOUTS)
+def test_swap_ab_every_layout(trans_a, trans_b, kind, rng):
+  """config.swap_ab (C^T = B^T A^T, stored transposed) for every layout, read in place
+  (NN: the weight through registers; TN and NT with f16 math) and relaid, per-tensor
+  and row/column scales (which trade places), batch 2, ragged M, N and K."""
+  for align in (False, True):
+    config = TritonConfig(block_m=32, block_n=64, block_k=64, num_warps=4, num_stages=2,
+                          align_operands=align, swap_ab=True)
+    _run(36, 200, 72, kind, config, rng, trans_a=trans_a, trans_b=trans_b, batch=(2,))
+
+
+def test_swap_ab_bf16_output_rounds_to_nearest(rng):
+  """The transposed store rounds as the plain one: bf16 C is the fp32 C rounded."""
+  a, sa, _ = operands(rng, (40, 300), E4M3, (1, None))
+  b, sb, _ = operands(rng, (300, 100), E5M2, (None, 1))
+  config = dataclasses.replace(SMALL, swap_ab=True)
+  call = lambda out_dtype: jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype,
+                                                 backend="triton", config=config)
+  np.testing.assert_array_equal(as_f64(call(BF16)), as_f64(call(F32).astype(BF16)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)],
                          ids=["e4m3", "e5m2", "mixed"])
 def test_default_reads_a_kn_weight_in_place_up_to_128_rows(dtypes, kind, rng):
-  """The heuristic's config for 100 rows against a B stored (K, N) (in place, f16
-  math), every scale kind and dtype pair, against float64."""
+  """The heuristic's config for 100 rows against a B stored (K, N), every scale kind
+  and dtype pair, against float64: read in place, swapped (the weight through
+  registers) but for block scales (f16 math)."""
   a, sa, a64 = operands(rng, (100, 384), dtypes[0], A_BLOCK[kind])
   b, sb, b64 = operands(rng, (384, 136), dtypes[1], B_BLOCK[kind])
   problem = _problem(100, 136, 384, kind=kind, dtype=dtypes[0], b_dtype=dtypes[1])
   config = TritonScaledMatmul(num_sms=132).default_config(problem, "blocked")
-  assert not config.align_operands and scaled.dot_f16(problem)
+  assert not config.align_operands
+  if kind == "block":
+    assert not config.swap_ab and scaled.dot_f16(problem)
+  else:
+    assert config.swap_ab and scaled.a_through_registers(scaled.swapped(problem))
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, backend="triton", config=config)
   ref, bound = reference(a64, b64)
   assert_gemm_close(out, ref, bound, OUT_STEP[np.dtype(F32)] + ACC_TOL, f"{kind} {dtypes}")
@@ -202,6 +243,11 @@ def test_check_names_the_argument_and_valid_values():
     backend.check(p, "blocked", dataclasses.replace(ok, warp_specialize=True))
   with pytest.raises(NotImplementedError, match=r"config.epilogue_subtile must be 1, got 2"):
     backend.check(p, "blocked", dataclasses.replace(ok, epilogue_subtile=2))
+  with pytest.raises(ValueError, match=r"config.swap_ab=True needs 'tensor' or 'row_col' "
+                                       r"scales, got scale_kind='block'"):
+    backend.check(p, "blocked", dataclasses.replace(ok, swap_ab=True))
+  backend.check(dataclasses.replace(p, scale_kind="row_col"), "blocked",
+                dataclasses.replace(ok, swap_ab=True))
   with pytest.raises(NotImplementedError, match=r"fp8 operands.*got b.dtype=bfloat16"):
     backend.check(dataclasses.replace(p, b_dtype=BF16), "blocked", ok)
 
@@ -232,7 +278,8 @@ def test_default_configs_pass_check_on_large_problems(m, n, k, batch, num_sms):
         config = backend.default_config(p, "blocked")
         backend.check(p, "blocked", config)
         assert 128 % config.block_k == 0 and config.block_k >= 32, config
-        assert config.block_m >= 64 or m < 64, config          # wgmma's 64 rows
+        rows, kernel_m = (config.block_n, n) if config.swap_ab else (config.block_m, m)
+        assert rows >= 64 or kernel_m < 64, config          # wgmma's 64 rows
         assert config.block_m * config.block_n <= 128 * 128, config   # 2 fp32 tiles
         for variant, candidate in backend.tuning_candidates(p):
           backend.check(p, variant, candidate)
@@ -247,7 +294,8 @@ def test_heuristic_tiles():
       128, 128, 128, 8, 4)
   assert big.align_operands
   assert (gpu._smem_bytes(big)[0]) == 4 * 256 * 128 <= SMEM_BYTES
-  # Up to 128 rows a B stored (K, N) is read in place (f16 wgmma), on 128x64x128 tiles.
+  # Up to 128 rows a B stored (K, N) is read in place: block scales with f16 wgmma on
+  # 128x64x128 tiles.
   decode = gpu.default_config(_problem(16, 8192, 8192), "blocked")
   assert (decode.block_m, decode.block_n, decode.num_warps) == (16, 64, 4)
   assert not decode.align_operands
@@ -258,6 +306,16 @@ def test_heuristic_tiles():
   # tiles of 64 rows fill the 132 SMs).
   rows128_nt = gpu.default_config(_problem(128, 14336, 4096, trans_b=True), "blocked")
   assert (rows128_nt.block_m, rows128_nt.block_n, rows128_nt.align_operands) == (64, 128, True)
+  # With per-tensor or row/column scales, swapped: all 128 rows a tile (wgmma's N),
+  # 128 columns of the weight (its M) on 8 warps; 16 rows, 16 wide.
+  for kind in ("tensor", "row_col"):
+    swap = gpu.default_config(_problem(128, 14336, 4096, kind=kind), "blocked")
+    assert (swap.block_m, swap.block_n, swap.block_k, swap.num_warps, swap.num_stages,
+            swap.align_operands, swap.swap_ab) == (128, 128, 128, 8, 4, False, True)
+    swap16 = gpu.default_config(_problem(16, 8192, 8192, kind=kind), "blocked")
+    assert (swap16.block_m, swap16.block_n, swap16.swap_ab) == (16, 128, True)
+    assert not gpu.default_config(_problem(128, 14336, 4096, kind=kind, trans_a=True),
+                                  "blocked").swap_ab
   rows256 = gpu.default_config(_problem(256, 14336, 4096), "blocked")
   assert (rows256.block_m, rows256.block_n, rows256.align_operands) == (128, 128, True)
   small = gpu.default_config(_problem(100, 60, 200), "blocked")

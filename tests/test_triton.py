@@ -52,6 +52,7 @@ def _operands(rng, m, n, k, dtype, batch, trans_a, trans_b):
      "for the epilogue"),
     ("tensorcore", TritonConfig(split_k=4), "does not split K"),
     ("tensorcore", TritonConfig(tma=True), "has no TMA path"),
+    ("tensorcore", TritonConfig(swap_ab=True), "config.swap_ab must be False"),
     ("pipelined", TritonConfig(block_k=8), "block_k >= 16"),
 ])
 def test_invalid_config_for_the_problem_is_a_clear_error(variant, config, match):

@@ -130,22 +130,32 @@ def test_scaled_matmul_launch_runs_fp8_wgmma_and_promotes(a_dtype, b_dtype, kind
   assert promotions >= per_thread, f"{promotions} fp32 adds for {per_thread} elements"
 
 
-@pytest.mark.parametrize("kind", ["tensor", "block"])
-def test_scaled_matmul_in_place_weight_runs_f16_wgmma_in_the_pipeline(kind, monkeypatch):
-  """128 rows against a B stored (K, N), as the heuristic runs it (read in place,
-  `scaled.dot_f16`): f16 wgmma, which reads the N-major B from shared memory, with
-  both operands in the cp.async pipeline and no byte-permute transposes (fp8 math on
-  the same launch: 16 cp.async and 96 prmt)."""
+@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
+def test_scaled_matmul_in_place_weight_keeps_the_pipeline(kind, monkeypatch):
+  """128 rows against a B stored (K, N), as the heuristic runs it (read in place), keeps
+  both operands in the cp.async pipeline with no byte-permute transposes (fp8 math on
+  the unswapped launch: 16 cp.async and 96 prmt). Per tensor or row/column, swapped
+  (`scaled.swapped`): FP8 wgmma with the weight as its register operand (two register
+  lists in the instruction), promoted every 128 of K. Block scales: f16 wgmma, which
+  reads the N-major B from shared memory (`scaled.dot_f16`)."""
+  import re  # noqa: PLC0415
   from jaxgemm.kernels.triton.scaled_matmul import scaled  # noqa: PLC0415
   from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem  # noqa: PLC0415
   from jaxgemm.ops.scaled_matmul.triton import TritonScaledMatmul  # noqa: PLC0415
   problem = ScaledMatmulProblem(1, 128, 14336, 4096, E4M3, np.dtype(jnp.bfloat16),
                                 np.dtype(np.float32), scale_kind=kind)
   config = TritonScaledMatmul(num_sms=132).default_config(problem, "blocked")
-  assert not config.align_operands and scaled.dot_f16(problem)
+  assert not config.align_operands and config.swap_ab == (kind != "block")
   ptx = compile_like_jax_triton(scaled.launch(problem, config, "cuda"),
                                 [E4M3, E4M3, np.float32, np.float32], monkeypatch)
-  assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in ptx
   cp_async_16 = ptx.count("cp.async.cg.shared.global") + ptx.count("cp.async.ca.shared.global")
   assert cp_async_16 >= 32, f"only {cp_async_16} cp.async: an operand left the pipeline"
   assert "prmt" not in ptx
+  if kind == "block":
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16" in ptx
+    return
+  wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3[^;]*;", ptx)
+  assert wgmma and all(re.search(r"\},\s*\{", w) for w in wgmma), "A not from registers"
+  assert re.search(r"wgmma\.mma_async[^;]*,\s*0,\s*1,\s*1;", ptx), "no wgmma starts a block"
+  per_thread = config.block_m * config.block_n // (32 * config.num_warps)
+  assert len(re.findall(r"\badd\.(?:rn\.)?f32", ptx)) >= per_thread, "no promotion"

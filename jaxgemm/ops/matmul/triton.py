@@ -58,6 +58,10 @@ class TritonConfig(KernelConfig):
     each such operand: `jaxgemm.kernels.triton.matmul.layout`). That pays on
     large problems and costs a launch or two on small ones, where False has
     the kernel read the operands as stored.
+  swap_ab: compute C^T = op(B)^T op(A)^T and store it transposed, block_m and
+    block_n still tiling C's rows and columns. Only the FP8 kernel of
+    `scaled_matmul` takes it (`jaxgemm.kernels.triton.scaled_matmul.scaled.swapped`):
+    its weight stored (K, N) becomes wgmma's A operand, fed from registers.
 
   >>> import jaxgemm
   >>> jaxgemm.TritonConfig(block_m=128, block_n=256, block_k=64, num_warps=8).block_n
@@ -76,6 +80,7 @@ class TritonConfig(KernelConfig):
   warp_specialize: bool = False
   tma: bool = False
   align_operands: bool = True
+  swap_ab: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,6 +383,9 @@ class TritonMatmul(registry.Backend):
       raise NotImplementedError(
           f"{what} runs fp32 on tensor cores (TF32), but precision=HIGHEST asks for exact "
           f"fp32; use variant='pipelined' (or 'tiled', 'naive')")
+    if config.swap_ab:
+      raise ValueError(f"{what} does not swap its operands; config.swap_ab must be False "
+                       f"(only scaled_matmul's Triton kernel takes it)")
     if config.split_k > 1 and not rung.split_k:
       raise ValueError(f"{what} does not split K; config.split_k={config.split_k} needs "
                        f"variant='splitk'")

@@ -22,12 +22,15 @@ to 16-byte rows (an XLA pass), one pass each (`scaled.laid_out` has the PTX
 evidence: FP8 wgmma reads K-major only, and a non-K-major fp8 operand skips the
 cp.async pipeline through a register transpose). A row-major A (M, K) and a
 B stored (N, K) (`trans_b=True`) with K a multiple of 16 are read in place.
-An operand read in place MN-major goes to f16 wgmma instead (`scaled.dot_f16`,
-exact): the default up to 128 rows against a B stored (K, N)
-(`IN_PLACE_MAX_ROWS`), where the weight's bytes bound the GEMM.
+Up to 128 rows against a B stored (K, N) (`IN_PLACE_MAX_ROWS`), where the weight's
+bytes bound the GEMM, the default reads it in place: with per-tensor or row/column
+scales as C^T = B^T A^T (`config.swap_ab`, `scaled.swapped`), the weight fed to FP8
+wgmma from registers; with block scales (which do not swap) through f16 wgmma
+(`scaled.dot_f16`, exact), as any B read in place MN-major.
 
 Config: the matmul's `TritonConfig`; block_k must divide 128 (32, 64 or 128),
-split_k, tma, warp_specialize and epilogue_subtile > 1 are refused.
+split_k, tma, warp_specialize and epilogue_subtile > 1 are refused, swap_ab with
+block scales too.
 `backend="auto"` takes this kernel untuned where `problem.kernel_win` says
 (below 4096 rows or columns, and mixed fp8 pairs with block scales, on Hopper).
 """
@@ -64,6 +67,12 @@ _TILES = ((128, 128, 128, 8, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4))
 # 128x64x128, 4 warps, 3 stages (128x128x128 on 8 warps 49.9 us, 64-row tiles >= 56 us).
 IN_PLACE_MAX_ROWS = 128
 _IN_PLACE_TILE = (128, 64, 128, 4, 3)
+# The swapped in-place tile (`swap_ab`: block_m still tiles C's rows): all 128 rows
+# against 128 columns of the weight, 8 warps, 4 stages, the best of 39 at
+# 128x4096x14336 per tensor on an H200: 32.3-32.7 us against 49.6 for the f16 tile
+# above and 71.2 for XLA's scaled form; 64 columns on 4 warps 39-41 us, 128 on 4
+# warps 80-95 (research/probes/fp8-swap/run1).
+_SWAPPED_TILE = (128, 128, 128, 8, 4)
 # The K steps tl.dot takes on fp8: wgmma's k is 32, and a step never crosses a
 # 128-wide scale block.
 BLOCK_K_CHOICES = (32, 64, 128)
@@ -117,18 +126,21 @@ class TritonScaledMatmul(registry.Backend):
     from 32 up to 128; then fewer stages until shared memory holds them."""
     num_sms = self._matmul.num_sms
     in_place = self._reads_weight_in_place(problem)
+    swap = in_place and self._swaps(problem)
     for block_m, block_n, block_k, num_warps, num_stages in _TILES:
       if _tile_count(problem, block_m, block_n) >= num_sms:
         break
     if in_place:
-      block_m, block_n, block_k, num_warps, num_stages = _IN_PLACE_TILE
-    min_m = 64 if problem.m >= 64 else 16
+      tile = _SWAPPED_TILE if swap else _IN_PLACE_TILE
+      block_m, block_n, block_k, num_warps, num_stages = tile
+    # Swapped, block_m is wgmma's N, which takes 16 and up.
+    min_m = 64 if problem.m >= 64 and not swap else 16
     config = TritonConfig(
         block_m=_pow2_at_least(problem.m, min_m, block_m),
         block_n=_pow2_at_least(problem.n, 16, block_n),
         block_k=_pow2_at_least(problem.k, BLOCK_K_CHOICES[0], block_k),
         num_warps=num_warps, num_stages=num_stages, group_m=8,
-        align_operands=self._worth_aligning(problem) and not in_place)
+        align_operands=self._worth_aligning(problem) and not in_place, swap_ab=swap)
     return self._within_smem(problem, config)
 
   @staticmethod
@@ -142,6 +154,12 @@ class TritonScaledMatmul(registry.Backend):
   def _reads_weight_in_place(problem: ScaledMatmulProblem) -> bool:
     """A few rows (`IN_PLACE_MAX_ROWS`) against a B stored (K, N): read it as it is."""
     return problem.m <= IN_PLACE_MAX_ROWS and not problem.trans_b
+
+  @staticmethod
+  def _swaps(problem: ScaledMatmulProblem) -> bool:
+    """Run C^T = B^T A^T (`swap_ab`): where A is K-major (it becomes the swapped
+    problem's K-major B) and the scales swap (not block scales)."""
+    return not problem.trans_a and problem.scale_kind != "block"
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, TritonConfig]]:
     """The heuristic's config, a 64-row tile with 4 warps (more programs), and the
@@ -188,6 +206,9 @@ class TritonScaledMatmul(registry.Backend):
     if config.epilogue_subtile != 1:
       raise NotImplementedError(f"{what} stores whole tiles; config.epilogue_subtile must be "
                                 f"1, got {config.epilogue_subtile}")
+    if config.swap_ab and problem.scale_kind == "block":
+      raise ValueError(f"{what}: config.swap_ab=True needs 'tensor' or 'row_col' scales, got "
+                       f"scale_kind='block' (a's 1x128 and b's 128x128 blocks do not swap)")
     if config.block_k not in BLOCK_K_CHOICES:
       raise ValueError(f"{what}: {config.block_k=} must be one of {list(BLOCK_K_CHOICES)} "
                        f"(a K step divides the {BLOCK}-wide scale block, and fp8 tensor "

@@ -54,6 +54,7 @@ def scaled_matmul_kernel(
     K_BLOCKS: tl.constexpr, N_BLOCKS: tl.constexpr, SCALE_BLOCK_SIZE: tl.constexpr,
     SCALE_KIND: tl.constexpr, INDEX_64: tl.constexpr,
     A_BYTES_AS: tl.constexpr, B_BYTES_AS: tl.constexpr, DOT_F16: tl.constexpr,
+    A_THROUGH_REGISTERS: tl.constexpr, STORE_TRANSPOSED: tl.constexpr,
 ):
   """C[b] = sum over 128-wide K blocks kb of (A[b] @ B[b])_kb scaled, one (batch, tile) per program.
 
@@ -69,6 +70,10 @@ def scaled_matmul_kernel(
   is float16's high byte; e4m3's exponents and 3 mantissa bits fit), whose wgmma reads
   an operand stored MN-major from shared memory where fp8's reads only K-major
   (`dot_f16`).
+  A_THROUGH_REGISTERS: fp8 math with A's tiles fed to wgmma from registers, for an A
+  stored (K, M) (`a_through_registers`).
+  STORE_TRANSPOSED: C is stored (B, OUT_N, OUT_M), each tile transposed: the kernel
+  computes C^T of a swapped problem (`swapped`).
   """
   if A_BYTES_AS == "e4m3":
     a_ptr = a_ptr.to(tl.pointer_type(tl.float8e4nv), bitcast=True)
@@ -109,6 +114,13 @@ def scaled_matmul_kernel(
       if DOT_F16:
         a = a.to(tl.float16)
         b = b.to(tl.float16)
+      elif A_THROUGH_REGISTERS:
+        # An exact round trip that makes A a value computed in registers: Triton then
+        # copies the MN-major tile in with cp.async and feeds it to wgmma from
+        # registers. Loaded and used as is, it went through a register transpose into
+        # shared memory outside the pipeline: 110 against 32.7 us at 128x4096x14336
+        # swapped (research/probes/fp8-swap/run1).
+        a = a.to(tl.float16).to(a_ptr.dtype.element_ty)
       partial = tl.dot(a, b, partial)
       a_ptrs += BLOCK_K * A_STRIDE_K
       b_ptrs += BLOCK_K * B_STRIDE_K
@@ -129,7 +141,10 @@ def scaled_matmul_kernel(
     acc = acc * (sa[:, None] * sb[None, :])
   offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
   offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-  store_tile(c_ptr, batch, offs_cm, offs_cn, acc, OUT_M, OUT_N, INDEX_64)
+  if STORE_TRANSPOSED:
+    store_tile(c_ptr, batch, offs_cn, offs_cm, tl.trans(acc), OUT_N, OUT_M, INDEX_64)
+  else:
+    store_tile(c_ptr, batch, offs_cm, offs_cn, acc, OUT_M, OUT_N, INDEX_64)
 
 
 # fp8 dtypes by the names the kernel's A_BYTES_AS / B_BYTES_AS take.
@@ -171,41 +186,76 @@ def stored_dtype(out_dtype, platform: str):
 
 def dot_f16(problem) -> bool:
   """Whether the kernel multiplies `problem`'s tiles in float16 (`DOT_F16`): where it
-  reads an operand MN-major (A stored (K, M), B stored (K, N)).
+  reads B stored (K, N), MN-major.
 
   FP8 wgmma takes its shared-memory operands K-major only, so Triton feeds it an
-  MN-major fp8 tile through registers (prmt byte permutes) and outside the cp.async
-  pipeline (`laid_out`); f16 wgmma reads either major, and the sm_90 PTX keeps
-  cp.async (48-64 of them, no prmt) at the price of f16's half rate. At 128 rows,
-  where the (K, N) weight's bytes bound the GEMM, that took 128x4096x14336 from
-  112 us (fp8, weight in place; research/probes/fp8-block-wide/run8, an H100) to
-  49.7 on an H200, where transposing the weight first for fp8 ran 62.9
-  (research/probes/fp8-inplace-f16/run1).
+  MN-major fp8 B through a register transpose back into shared memory (prmt byte
+  permutes), outside the cp.async pipeline (`laid_out`); f16 wgmma reads either major,
+  and the sm_90 PTX keeps cp.async (48-64 of them, no prmt) at the price of f16's half
+  rate. At 128 rows, where the (K, N) weight's bytes bound the GEMM, that took
+  128x4096x14336 from 112 us (fp8, weight in place; research/probes/fp8-block-wide/run8,
+  an H100) to 49.7 on an H200, where transposing the weight first for fp8 ran 62.9
+  (research/probes/fp8-inplace-f16/run1). An A stored (K, M) can skip both: wgmma
+  takes its A from registers (`a_through_registers`).
   """
-  return problem.trans_a or not problem.trans_b
+  return not problem.trans_b
+
+
+def a_through_registers(problem) -> bool:
+  """Whether the kernel feeds an fp8 A stored (K, M) to wgmma from registers
+  (`A_THROUGH_REGISTERS`): where B is K-major and fp8 math runs (`dot_f16`). wgmma's A
+  may come from registers in any fp8 layout, so the MN-major tile keeps the cp.async
+  pipeline and FP8's full rate (sm_90 PTX: tests/test_triton_ptx.py)."""
+  return problem.trans_a and not dot_f16(problem)
+
+
+def swapped(problem):
+  """The problem of C^T = op(B)^T op(A)^T, which `config.swap_ab` runs: M and N, the
+  dtypes, and the operands' roles exchanged (B^T is stored as B is, so a B stored
+  (K, N) becomes an A stored (K, M'), read through registers: `a_through_registers`).
+
+  Where one operand is a (K, N) weight and the other a few rows of activations, this
+  reads the weight once with FP8 math in place: 128x4096x14336 per tensor in 32.7 us
+  on an H200, where the unswapped kernel's f16 math took 49.6 and XLA's scaled form
+  71.3 (research/probes/fp8-swap/run1). Block scales do not swap: A's are 1x128 and B's
+  128x128 blocks.
+  """
+  return dataclasses.replace(problem, m=problem.n, n=problem.m, dtype=problem.b_dtype,
+                             b_dtype=problem.dtype, trans_a=not problem.trans_b,
+                             trans_b=not problem.trans_a)
 
 
 def launch(problem, config, platform, out_mn=None):
   """The launch of `scaled_matmul_kernel` for a `ScaledMatmulProblem` (laid out as the
-  kernel reads it); out_mn: C's real (M, N) when the operands are padded past it."""
+  kernel reads it); out_mn: C's real (M, N) when the operands are padded past it. With
+  config.swap_ab the kernel runs `swapped(problem)` on tiles of (block_n, block_m) and
+  stores C transposed."""
   out_m, out_n = out_mn or (problem.m, problem.n)
-  tiles = triton.cdiv(problem.m, config.block_m) * triton.cdiv(problem.n, config.block_n)
+  block_m, block_n = config.block_m, config.block_n
   out = jax.ShapeDtypeStruct((problem.batch, out_m, out_n),
                              stored_dtype(problem.out_dtype, platform))
+  if config.swap_ab:
+    problem, out_m, out_n, block_m, block_n = swapped(problem), out_n, out_m, block_n, block_m
+  tiles = triton.cdiv(problem.m, block_m) * triton.cdiv(problem.n, block_n)
   return triton_call.Launch.make(
       scaled_matmul_kernel, (problem.batch * tiles,), out,
       num_warps=config.num_warps, num_stages=config.num_stages,
       BATCH=problem.batch, M=problem.m, N=problem.n, K=problem.k, **operand_strides(problem),
-      BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=config.block_k,
       GROUP_M=config.group_m, EVEN_K=problem.k % SCALE_BLOCK == 0, OUT_M=out_m, OUT_N=out_n,
       K_BLOCKS=triton.cdiv(problem.k, SCALE_BLOCK), N_BLOCKS=triton.cdiv(out_n, SCALE_BLOCK),
       SCALE_BLOCK_SIZE=SCALE_BLOCK, SCALE_KIND=problem.scale_kind,
       INDEX_64=needs_index_64(problem), **bytes_as(problem, platform),
-      DOT_F16=dot_f16(problem))
+      DOT_F16=dot_f16(problem), A_THROUGH_REGISTERS=a_through_registers(problem),
+      STORE_TRANSPOSED=config.swap_ab)
 
 
 def scaled_matmul(a, b, a_scale, b_scale, problem, config, platform, out_mn=None):
   """C of a `ScaledMatmulProblem` from operands laid out as `problem` says."""
+  if config.swap_ab:   # per-tensor or row_col scales (the backend's `check`)
+    a, b, a_scale, b_scale = b, a, b_scale, a_scale
+    if problem.scale_kind == "row_col":   # (B, 1, N) and (B, M, 1): rows and columns now
+      a_scale, b_scale = jnp.swapaxes(a_scale, 1, 2), jnp.swapaxes(b_scale, 1, 2)
   a, b = kernel_operands(platform, a, b)
   a_scale, b_scale = a_scale.astype(jnp.float32), b_scale.astype(jnp.float32)  # e8m0 too
   c = triton_call.call(launch(problem, config, platform, out_mn), a, b, a_scale, b_scale,
