@@ -142,13 +142,15 @@ def test_swap_ab_bf16_output_rounds_to_nearest(rng):
 @pytest.mark.parametrize("dtypes", [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2)],
                          ids=["e4m3", "e5m2", "mixed"])
 def test_default_reads_a_kn_weight_in_place_up_to_128_rows(dtypes, kind, rng):
-  """The heuristic's config for 100 rows against a B stored (K, N), every scale kind
-  and dtype pair, against float64: read in place, swapped (the weight through
-  registers) but for block scales (f16 math)."""
+  """The heuristic's config for 100 rows against a (4096, 14336) weight stored (K, N)
+  (in place: swapped, the weight through registers, but for block scales, f16 math),
+  run on 100x384x136 operands of the same layout, every scale kind and dtype pair,
+  against float64."""
   a, sa, a64 = operands(rng, (100, 384), dtypes[0], A_BLOCK[kind])
   b, sb, b64 = operands(rng, (384, 136), dtypes[1], B_BLOCK[kind])
   problem = _problem(100, 136, 384, kind=kind, dtype=dtypes[0], b_dtype=dtypes[1])
-  config = TritonScaledMatmul(num_sms=132).default_config(problem, "blocked")
+  config = TritonScaledMatmul(num_sms=132).default_config(
+      dataclasses.replace(problem, n=14336, k=4096), "blocked")
   assert not config.align_operands
   if kind == "block":
     assert not config.swap_ab and scaled.dot_f16(problem)
@@ -306,16 +308,21 @@ def test_heuristic_tiles():
   # tiles of 64 rows fill the 132 SMs).
   rows128_nt = gpu.default_config(_problem(128, 14336, 4096, trans_b=True), "blocked")
   assert (rows128_nt.block_m, rows128_nt.block_n, rows128_nt.align_operands) == (64, 128, True)
-  # With per-tensor or row/column scales, swapped: all 128 rows a tile (wgmma's N),
-  # 128 columns of the weight (its M) on 8 warps; 16 rows, 16 wide.
+  # With per-tensor or row/column scales, swapped up to 256 rows: up to 128 rows a tile
+  # (wgmma's N) against 128 columns of the weight (its M) on 8 warps; 64 columns on 4
+  # warps where 128 leave a quarter of the SMs idle; not below a megabyte of operands.
   for kind in ("tensor", "row_col"):
-    swap = gpu.default_config(_problem(128, 14336, 4096, kind=kind), "blocked")
-    assert (swap.block_m, swap.block_n, swap.block_k, swap.num_warps, swap.num_stages,
-            swap.align_operands, swap.swap_ab) == (128, 128, 128, 8, 4, False, True)
-    swap16 = gpu.default_config(_problem(16, 8192, 8192, kind=kind), "blocked")
-    assert (swap16.block_m, swap16.block_n, swap16.swap_ab) == (16, 128, True)
-    assert not gpu.default_config(_problem(128, 14336, 4096, kind=kind, trans_a=True),
-                                  "blocked").swap_ab
+    for m, n, k, tile in ((128, 14336, 4096, (128, 128, 128, 8, 4)),
+                          (16, 8192, 8192, (16, 64, 128, 4, 4)),
+                          (256, 14336, 4096, (128, 128, 128, 8, 4)),
+                          (128, 4096, 14336, (128, 64, 128, 4, 4))):
+      swap = gpu.default_config(_problem(m, n, k, kind=kind), "blocked")
+      assert (swap.block_m, swap.block_n, swap.block_k, swap.num_warps,
+              swap.num_stages) == tile, (m, n, k, swap)
+      assert swap.swap_ab and not swap.align_operands
+    for p in (_problem(128, 14336, 4096, kind=kind, trans_a=True),
+              _problem(512, 14336, 4096, kind=kind), _problem(32, 768, 1024, kind=kind)):
+      assert not gpu.default_config(p, "blocked").swap_ab, p
   rows256 = gpu.default_config(_problem(256, 14336, 4096), "blocked")
   assert (rows256.block_m, rows256.block_n, rows256.align_operands) == (128, 128, True)
   small = gpu.default_config(_problem(100, 60, 200), "blocked")

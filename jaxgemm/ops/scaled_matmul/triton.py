@@ -22,11 +22,11 @@ to 16-byte rows (an XLA pass), one pass each (`scaled.laid_out` has the PTX
 evidence: FP8 wgmma reads K-major only, and a non-K-major fp8 operand skips the
 cp.async pipeline through a register transpose). A row-major A (M, K) and a
 B stored (N, K) (`trans_b=True`) with K a multiple of 16 are read in place.
-Up to 128 rows against a B stored (K, N) (`IN_PLACE_MAX_ROWS`), where the weight's
-bytes bound the GEMM, the default reads it in place: with per-tensor or row/column
-scales as C^T = B^T A^T (`config.swap_ab`, `scaled.swapped`), the weight fed to FP8
-wgmma from registers; with block scales (which do not swap) through f16 wgmma
-(`scaled.dot_f16`, exact), as any B read in place MN-major.
+A few rows against a B stored (K, N), where the weight's bytes bound the GEMM, the
+default reads it in place: with per-tensor or row/column scales as C^T = B^T A^T
+(`config.swap_ab`, `scaled.swapped`, up to `SWAP_MAX_ROWS`), the weight fed to FP8
+wgmma from registers; otherwise through f16 wgmma (`scaled.dot_f16`, exact; up to
+`IN_PLACE_MAX_ROWS`), as any B read in place MN-major.
 
 Config: the matmul's `TritonConfig`; block_k must divide 128 (32, 64 or 128),
 split_k, tma, warp_specialize and epilogue_subtile > 1 are refused, swap_ab with
@@ -67,12 +67,21 @@ _TILES = ((128, 128, 128, 8, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4))
 # 128x64x128, 4 warps, 3 stages (128x128x128 on 8 warps 49.9 us, 64-row tiles >= 56 us).
 IN_PLACE_MAX_ROWS = 128
 _IN_PLACE_TILE = (128, 64, 128, 4, 3)
-# The swapped in-place tile (`swap_ab`: block_m still tiles C's rows): all 128 rows
-# against 128 columns of the weight, 8 warps, 4 stages, the best of 39 at
-# 128x4096x14336 per tensor on an H200: 32.3-32.7 us against 49.6 for the f16 tile
-# above and 71.2 for XLA's scaled form; 64 columns on 4 warps 39-41 us, 128 on 4
-# warps 80-95 (research/probes/fp8-swap/run1).
+# Swapped (`swap_ab`: block_m still tiles C's rows), the weight is read once with FP8
+# math, which pays further: up to 256 rows, where 256x4096x14336 ran 66.5 us against
+# 81.1 for the transposing default (research/probes/fp8-swap/run2, an H100). Not below
+# a megabyte of operands, where the f16 tile above ran 5.2 us at 32x1024x768 and the
+# swapped one 7.2 (six programs).
+SWAP_MAX_ROWS = 256
+# The swapped tiles: up to 128 rows a tile (wgmma's N) against 128 columns of the
+# weight (its M) on 8 warps, 4 stages, where that gives 3/4 of the SMs a program;
+# else 64 columns on 4 warps, twice the programs. Run2 (H100, per tensor): 128x4096x14336
+# in 32.8 us on 112 programs of 128 columns (XLA's scaled form 70.5, the f16 tile 49.5),
+# 42.6 on 224 of 64; 128x14336x4096 in 100.1 us on 32 programs of 128 columns, 62.3 on
+# 64 of 64. Run1 (H200, 39 tiles at 128 rows): 128x128 on 4 warps spills (80-95 us).
 _SWAPPED_TILE = (128, 128, 128, 8, 4)
+_SWAPPED_NARROW_TILE = (128, 64, 128, 4, 4)
+_SWAPPED_MIN_SM_FRACTION = 0.75
 # The K steps tl.dot takes on fp8: wgmma's k is 32, and a step never crosses a
 # 128-wide scale block.
 BLOCK_K_CHOICES = (32, 64, 128)
@@ -125,14 +134,18 @@ class TritonScaledMatmul(registry.Backend):
     below 64 rows (mma.sync there: wgmma needs 64), columns from 16, K steps
     from 32 up to 128; then fewer stages until shared memory holds them."""
     num_sms = self._matmul.num_sms
-    in_place = self._reads_weight_in_place(problem)
-    swap = in_place and self._swaps(problem)
+    swap = self._swaps(problem)
+    in_place = swap or self._reads_weight_in_place(problem)
     for block_m, block_n, block_k, num_warps, num_stages in _TILES:
       if _tile_count(problem, block_m, block_n) >= num_sms:
         break
-    if in_place:
-      tile = _SWAPPED_TILE if swap else _IN_PLACE_TILE
+    if swap:
+      tile = _SWAPPED_TILE
+      if _tile_count(problem, 128, 128) < _SWAPPED_MIN_SM_FRACTION * num_sms:
+        tile = _SWAPPED_NARROW_TILE
       block_m, block_n, block_k, num_warps, num_stages = tile
+    elif in_place:
+      block_m, block_n, block_k, num_warps, num_stages = _IN_PLACE_TILE
     # Swapped, block_m is wgmma's N, which takes 16 and up.
     min_m = 64 if problem.m >= 64 and not swap else 16
     config = TritonConfig(
@@ -155,11 +168,13 @@ class TritonScaledMatmul(registry.Backend):
     """A few rows (`IN_PLACE_MAX_ROWS`) against a B stored (K, N): read it as it is."""
     return problem.m <= IN_PLACE_MAX_ROWS and not problem.trans_b
 
-  @staticmethod
-  def _swaps(problem: ScaledMatmulProblem) -> bool:
-    """Run C^T = B^T A^T (`swap_ab`): where A is K-major (it becomes the swapped
-    problem's K-major B) and the scales swap (not block scales)."""
-    return not problem.trans_a and problem.scale_kind != "block"
+  @classmethod
+  def _swaps(cls, problem: ScaledMatmulProblem) -> bool:
+    """Run C^T = B^T A^T (`swap_ab`): up to `SWAP_MAX_ROWS` rows of a K-major A (the
+    swapped problem's K-major B) against a B stored (K, N) (its A, through registers),
+    with scales that swap (not block scales), from a megabyte of operands."""
+    return (problem.m <= SWAP_MAX_ROWS and not problem.trans_a and not problem.trans_b
+            and problem.scale_kind != "block" and cls._worth_aligning(problem))
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, TritonConfig]]:
     """The heuristic's config, a 64-row tile with 4 warps (more programs), and the

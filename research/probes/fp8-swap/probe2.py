@@ -62,39 +62,44 @@ def ours(config, trans_a=False, trans_b=False):
 
 F16_TILE = TritonConfig(block_m=128, block_n=64, block_k=128, num_warps=4, num_stages=3,
                         align_operands=False)
-for m, k, n, kind in ((128, 4096, 14336, "tensor"), (128, 4096, 14336, "row_col"),
-                      (64, 4096, 14336, "tensor"), (16, 4096, 14336, "tensor"),
-                      (16, 8192, 8192, "tensor"), (256, 4096, 14336, "tensor"),
-                      (32, 1024, 768, "tensor"), (128, 14336, 4096, "tensor")):
-  args, exact, xla, problem = case(m, k, n, kind)
-  flops = 2 * m * k * n
-  label = f"{m}x{k}x{n} {kind}"
-  default = backend.default_config(problem, "blocked")
-  row(f"{label} default {default.block_m}x{default.block_n} swap={default.swap_ab} "
-      f"align={default.align_operands}", ours(default), args, exact, xla, flops)
-  f16 = dataclasses.replace(F16_TILE, block_m=min(128, max(16, 1 << (m - 1).bit_length())))
-  row(f"{label} unswapped f16 in place {f16.block_m}x64 w4 s3", ours(f16), args, exact, xla,
-      flops)
-  if m == 128 and kind == "tensor":
-    for bn, warps, stages in ((128, 8, 3), (128, 8, 5), (64, 4, 4), (256, 8, 3)):
-      c = dataclasses.replace(default, block_n=bn, num_warps=warps, num_stages=stages)
-      row(f"{label} swap 128x{bn} w{warps} s{stages}", ours(c), args, exact, xla, flops)
-  if m == 256:
-    for bm in (128, 64):
-      c = TritonConfig(block_m=bm, block_n=128, block_k=128, num_warps=8, num_stages=4,
-                       align_operands=False, swap_ab=True)
-      row(f"{label} swap {bm}x128 w8 s4", ours(c), args, exact, xla, flops)
+def main():
+  for m, k, n, kind in ((128, 4096, 14336, "tensor"), (128, 4096, 14336, "row_col"),
+                        (64, 4096, 14336, "tensor"), (16, 4096, 14336, "tensor"),
+                        (16, 8192, 8192, "tensor"), (256, 4096, 14336, "tensor"),
+                        (32, 1024, 768, "tensor"), (128, 14336, 4096, "tensor")):
+    args, exact, xla, problem = case(m, k, n, kind)
+    flops = 2 * m * k * n
+    label = f"{m}x{k}x{n} {kind}"
+    default = backend.default_config(problem, "blocked")
+    row(f"{label} default {default.block_m}x{default.block_n} swap={default.swap_ab} "
+        f"align={default.align_operands}", ours(default), args, exact, xla, flops)
+    f16 = dataclasses.replace(F16_TILE, block_m=min(128, max(16, 1 << (m - 1).bit_length())))
+    row(f"{label} unswapped f16 in place {f16.block_m}x64 w4 s3", ours(f16), args, exact, xla,
+        flops)
+    if m == 128 and kind == "tensor":
+      for bn, warps, stages in ((128, 8, 3), (128, 8, 5), (64, 4, 4), (256, 8, 3)):
+        c = dataclasses.replace(default, block_n=bn, num_warps=warps, num_stages=stages)
+        row(f"{label} swap 128x{bn} w{warps} s{stages}", ours(c), args, exact, xla, flops)
+    if m == 256:
+      for bm in (128, 64):
+        c = TritonConfig(block_m=bm, block_n=128, block_k=128, num_warps=8, num_stages=4,
+                         align_operands=False, swap_ab=True)
+        row(f"{label} swap {bm}x128 w8 s4", ours(c), args, exact, xla, flops)
 
-# TT read in place: the new rule (fp8, A through registers) against the old (f16 math).
-for m, k, n in ((128, 4096, 14336), (256, 1024, 512)):
-  args, exact, xla, problem = case(m, k, n, "tensor", trans_a=True, trans_b=True)
-  c = TritonConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4,
-                   align_operands=False)
-  row(f"{m}x{k}x{n} TT in place, A through registers", ours(c, True, True), args, exact, xla,
-      2 * m * k * n)
-  keep = scaled.a_through_registers, scaled.dot_f16
-  scaled.a_through_registers = lambda p: False
-  scaled.dot_f16 = lambda p: p.trans_a or not p.trans_b
-  row(f"{m}x{k}x{n} TT in place, f16 math (the old rule)", ours(c, True, True), args, exact,
-      xla, 2 * m * k * n)
-  scaled.a_through_registers, scaled.dot_f16 = keep
+  # TT read in place: the new rule (fp8, A through registers) against the old (f16 math).
+  for m, k, n in ((128, 4096, 14336), (256, 1024, 512)):
+    args, exact, xla, problem = case(m, k, n, "tensor", trans_a=True, trans_b=True)
+    c = TritonConfig(block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=4,
+                     align_operands=False)
+    row(f"{m}x{k}x{n} TT in place, A through registers", ours(c, True, True), args, exact, xla,
+        2 * m * k * n)
+    keep = scaled.a_through_registers, scaled.dot_f16
+    scaled.a_through_registers = lambda p: False
+    scaled.dot_f16 = lambda p: p.trans_a or not p.trans_b
+    row(f"{m}x{k}x{n} TT in place, f16 math (the old rule)", ours(c, True, True), args, exact,
+        xla, 2 * m * k * n)
+    scaled.a_through_registers, scaled.dot_f16 = keep
+
+
+if __name__ == "__main__":
+  main()
