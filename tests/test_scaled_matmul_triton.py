@@ -353,11 +353,12 @@ def test_auto_runs_xla_until_measured():
 @pytest.mark.parametrize("kind", KINDS)
 def test_long_k_compiled_against_float64(kind, trans_a, trans_b, rng):
   """K = 16384 (and 16384 - 64: a partial last block) compiled for the GPU with the
-  heuristic's config (the Triton transpose before K-major fp8 tiles; at 96 rows f16 math
-  in place): the error stays within ACC_TOL of |A| @ |B| (unpromoted FP8
+  heuristic's config (the Triton transpose before K-major fp8 tiles; at 96 rows against a
+  B stored (K, N), in place: swapped, the weight through registers, or f16 math with block
+  scales): the error stays within ACC_TOL of |A| @ |B| (unpromoted FP8
   wgmma accumulation would exceed it, tests/test_scaled_matmul.py), for every
   layout (relaid K-major) and scale kind."""
-  # 96 rows: a B stored (K, N) is read in place with f16 math (the default up to 128).
+  # 96 rows: a B stored (K, N) is read in place (swapped, or f16 math with block scales).
   for m, n, k in ((256, 384, 16384), (200, 136, 16384 - 64), (96, 256, 16384)):
     a_block = (A_BLOCK_T if trans_a else A_BLOCK)[kind]
     b_block = (B_BLOCK_T if trans_b else B_BLOCK)[kind]

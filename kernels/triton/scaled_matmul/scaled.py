@@ -215,10 +215,10 @@ def swapped(problem):
   (K, N) becomes an A stored (K, M'), read through registers: `a_through_registers`).
 
   Where one operand is a (K, N) weight and the other a few rows of activations, this
-  reads the weight once with FP8 math in place: 128x4096x14336 per tensor in 32.7 us
-  on an H200, where the unswapped kernel's f16 math took 49.6 and XLA's scaled form
-  71.3 (research/probes/fp8-swap/run1). Block scales do not swap: A's are 1x128 and B's
-  128x128 blocks.
+  reads the weight once with FP8 math in place: 128x4096x14336 per tensor in 32.5-32.8
+  us on an H100, where the unswapped kernel's f16 math took 49.5-50.0 and XLA's scaled
+  form 70.5 (research/probes/fp8-swap/run2, run3; 32.3-33.6 us on an H200 in run1's
+  prototype). Block scales do not swap: A's are 1x128 and B's 128x128 blocks.
   """
   return dataclasses.replace(problem, m=problem.n, n=problem.m, dtype=problem.b_dtype,
                              b_dtype=problem.dtype, trans_a=not problem.trans_b,
@@ -273,8 +273,9 @@ def laid_out(problem):
   K-major is loaded with ld.global, transposed in registers (prmt byte permutes)
   and stored to shared memory, outside the cp.async pipeline: 32 cp.async with
   both operands K-major, 16 with one not (NN, TT: 48 prmt), 0 with neither (TN:
-  96 prmt). Read in place, such an operand goes to f16 wgmma instead (`dot_f16`):
-  half the FP8 rate, which pays only where bytes bound the GEMM. Rows whose byte
+  96 prmt). Read in place, an A stored (K, M) goes to FP8 wgmma from registers where
+  B is K-major (`a_through_registers`), and otherwise the tiles go to f16 wgmma
+  (`dot_f16`): half the FP8 rate, which pays only where bytes bound the GEMM. Rows whose byte
   length is not a multiple of 16 (K = 4097) leave no cp.async at all. Padding K adds
   zeros to the products and keeps the number of 128-wide K blocks, so the scales need
   no change.
