@@ -320,6 +320,10 @@ def test_heuristic_tiles():
       assert (swap.block_m, swap.block_n, swap.block_k, swap.num_warps,
               swap.num_stages) == tile, (m, n, k, swap)
       assert swap.swap_ab and not swap.align_operands
+      # Tuning tries the other swapped tile, never 128 columns on 4 warps (which spill).
+      tried = {(c.block_n, c.num_warps) for _, c in gpu.tuning_candidates(
+          _problem(m, n, k, kind=kind))}
+      assert tried == {(128, 8), (64, 4)}, tried
     for p in (_problem(128, 14336, 4096, kind=kind, trans_a=True),
               _problem(512, 14336, 4096, kind=kind), _problem(32, 768, 1024, kind=kind)):
       assert not gpu.default_config(p, "blocked").swap_ab, p

@@ -177,12 +177,18 @@ class TritonScaledMatmul(registry.Backend):
             and problem.scale_kind != "block" and cls._worth_aligning(problem))
 
   def tuning_candidates(self, problem: ScaledMatmulProblem) -> list[tuple[str, TritonConfig]]:
-    """The heuristic's config, a 64-row tile with 4 warps (more programs), and the
-    heuristic's tile with as many stages as shared memory holds (deeper prefetch)."""
+    """The heuristic's config, a tile of other programs per wave (64 rows on 4 warps;
+    swapped, the other of the two swapped tiles: a swapped 128x128 tile on 4 warps
+    spills), and the heuristic's tile with as many stages as shared memory holds
+    (deeper prefetch)."""
     base = self.default_config(problem, "blocked")
-    candidates = [base,
-                  self._within_smem(problem, dataclasses.replace(
-                      base, block_m=min(base.block_m, 64), num_warps=4)),
+    if base.swap_ab:
+      tile = _SWAPPED_NARROW_TILE if base.block_n > 64 else _SWAPPED_TILE
+      other = dataclasses.replace(base, block_n=_pow2_at_least(problem.n, 16, tile[1]),
+                                  num_warps=tile[3])
+    else:
+      other = dataclasses.replace(base, block_m=min(base.block_m, 64), num_warps=4)
+    candidates = [base, self._within_smem(problem, other),
                   self._within_smem(problem, dataclasses.replace(base, num_stages=8))]
     out = []
     for config in candidates:

@@ -119,7 +119,7 @@ def scaled_matmul_kernel(
         # copies the MN-major tile in with cp.async and feeds it to wgmma from
         # registers. Loaded and used as is, it went through a register transpose into
         # shared memory outside the pipeline: 110 against 32.7 us at 128x4096x14336
-        # swapped (research/probes/fp8-swap/run1).
+        # swapped (research/probes/fp8-swap/run1, an H200).
         a = a.to(tl.float16).to(a_ptr.dtype.element_ty)
       partial = tl.dot(a, b, partial)
       a_ptrs += BLOCK_K * A_STRIDE_K
