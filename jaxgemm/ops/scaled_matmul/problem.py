@@ -153,7 +153,7 @@ def kernel_win(problem: ScaledMatmulProblem, device_kind: str) -> tuple[str, str
     bench/results/h200-fp8-2026-11-26b/) Pallas per tensor 1.35-1.81x, block
     scales through its TMA-scales variant 15.9-17.6x (Triton 10.2-12.2x), the
     block-scaled dgrad and wgrad 17.4x and 15.5x;
-  * below, Triton: 1.02x at 128x4096x14336 per tensor then (Pallas 0.95x), 2.18-2.20x
+  * below, Triton: 1.02x at 128x4096x14336 per tensor then (Pallas 0.95x), 2.18-2.21x
     since it swaps the operands there (bench/results/h100-fp8-2026-11-27/, H100s;
     `TritonScaledMatmul._swaps`); and, for
     the fp32 accumulation the op promises, the `xla` backend runs HIGHEST, which at
