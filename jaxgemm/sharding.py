@@ -212,7 +212,12 @@ class EinsumRule:
 
   Results after the first (`more_results`) have dimensions of their own, as a
   cast-transpose's x^T; an op whose results all share the first's dimensions
-  (a GEMM and its saved pre-activation) names just the first.
+  (a GEMM and its saved pre-activation) names just the first. A factor in results
+  only (the scales' block counts of a block quantizer, sized by the op) must be
+  `replicated`: no operand says how it would be sharded.
+
+  >>> EinsumRule.parse("r c -> r c, r nc", replicated=("nc",)).reduction
+  ()
   """
 
   operands: tuple[tuple[str, ...], ...]
@@ -228,21 +233,22 @@ class EinsumRule:
     if not self.operands:
       raise ValueError(f"EinsumRule needs at least one operand; got operands={self.operands}")
     factors = set(self.factors)
-    for name in factors | set(self.result) | set(self.replicated):
+    result_factors = {f for result in self.results for f in result}
+    for name in factors | result_factors | set(self.replicated):
       if not isinstance(name, str) or not _FACTOR.match(name):
         raise ValueError(f"factor {name!r} must be an identifier (letters, digits, _)")
     for result in self.results:
-      if missing := [f for f in result if f not in factors]:
-        raise ValueError(f"result factors {missing} must appear in an operand; "
-                         f"operands={self.operands}")
+      if missing := [f for f in result if f not in factors and f not in self.replicated]:
+        raise ValueError(f"result factors {missing} must appear in an operand or be "
+                         f"replicated; operands={self.operands}")
       if len(set(result)) != len(result):
         raise ValueError(f"result={result} must name each factor once")
     if self.more_results and self.reduction:
       raise ValueError(f"a rule with several results of their own dimensions reduces "
                        f"nothing; {self.reduction} are in no result")
-    if unknown := [f for f in self.replicated if f not in factors]:
-      raise ValueError(f"replicated={self.replicated} must name operand factors; "
-                       f"{unknown} are not among {sorted(factors)}")
+    if unknown := [f for f in self.replicated if f not in factors | result_factors]:
+      raise ValueError(f"replicated={self.replicated} must name the rule's factors; "
+                       f"{unknown} are not among {sorted(factors | result_factors)}")
 
   @classmethod
   def parse(cls, text: str, replicated: Sequence[str] = ()) -> "EinsumRule":
@@ -414,9 +420,12 @@ def shardy_rule(rule: EinsumRule, num_results: int = 1) -> tuple[str, dict]:
   elif num_results > 1:
     lhs, result = text.split(" -> ")
     text = f"{lhs} -> {', '.join([result] * num_results)}"
+  # Shardy numbers the factors as they appear, operands then results, and wants each
+  # set in that order.
+  order = list(dict.fromkeys(f for dims in (*rule.operands, *rule.results) for f in dims))
   return text, dict(
       reduction_factors=tuple(f for f in rule.reduction if f not in rule.replicated),
-      need_replication_factors=rule.replicated)
+      need_replication_factors=tuple(sorted(rule.replicated, key=order.index)))
 
 
 # ---------------------------------------------------------------- recording

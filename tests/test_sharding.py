@@ -82,13 +82,28 @@ def test_rule_with_results_of_their_own_dimensions():
     sharding.shardy_rule(rule, num_results=3)
 
 
+def test_result_only_factors_stay_whole():
+  """A block quantizer's scales: their block counts are in no operand, so the rule
+  replicates them; the plan leaves them whole wherever x is sharded, and Shardy is told
+  they need replication."""
+  rule = sharding.EinsumRule.parse("r c -> r c, r nc, c r, nc nr", replicated=("nr", "nc"))
+  assert rule.factors == ("r", "c") and rule.reduction == ()
+  p = sharding.plan(rule, [P("d", "e")])
+  assert p.results == (P("d", "e"), P("d", None), P("e", "d"), P(None, None))
+  text, sets = sharding.shardy_rule(rule, num_results=4)
+  assert text == "r c -> r c, r nc, c r, nc nr"
+  # In the order the factors appear (Shardy's verifier wants the indices sorted).
+  assert sets["need_replication_factors"] == ("nc", "nr") and sets["reduction_factors"] == ()
+
+
 @pytest.mark.parametrize("text, replicated, match", [
     ("m k, k n", (), "must read 'operand, operand -> result'"),
     ("m k, k n -> m, n", (), "reduces nothing"),
-    ("m k, k n -> m x", (), r"result factors \['x'\] must appear in an operand"),
+    ("m k, k n -> m x", (), r"result factors \['x'\] must appear in an operand or be "
+                            r"replicated"),
     ("m k, k n -> m m", (), "must name each factor once"),
     ("m k-1, k n -> m n", (), "must be an identifier"),
-    ("m k, k n -> m n", ("q",), r"replicated=\('q',\) must name operand factors"),
+    ("m k, k n -> m n", ("q",), r"replicated=\('q',\) must name the rule's factors"),
 ])
 def test_rule_errors_name_the_argument(text, replicated, match):
   with pytest.raises(ValueError, match=match):

@@ -9,13 +9,12 @@ no sharding rule, so XLA's partitioner would gather a sharded x for it. Bound th
   scale, which the caller took from the whole tensor's amax (XLA's reduction: an
   all-reduce where x is sharded). Rule "r c, -> r c, c r": q keeps x's sharding and
   q^T the transposed one.
-* in blocks (modes "row" (1x128) or "tile" (128x128) for q and for q^T; operands
-  (x, blocks), `blocks` a (ceil(R/128), ceil(C/128)) int8 placeholder that names the
-  block dimensions "nr" and "nc" for the rule, which keeps them whole). Where a
-  device's rows (columns) are whole scale blocks, it quantizes its own block of x and
-  the scales' block dimensions are all-gathered (1/128 of x's size or less);
-  otherwise that dimension of x is gathered first, as before, and the results sliced
-  back to the device's share.
+* in blocks (modes "row" (1x128) or "tile" (128x128) for q and for q^T; operand x
+  alone). The scales' block dimensions, "nr" = ceil(R/128) and "nc" = ceil(C/128), are
+  in no operand, and the rule keeps them whole. Where a device's rows (columns) are
+  whole scale blocks, it quantizes its own block of x and the scales' block dimensions
+  are all-gathered (1/128 of x's size or less); otherwise that dimension of x is
+  gathered first, as before, and the results sliced back to the device's share.
 
     mode   q's scale (R, C)             q^T's scale (C, R)
     row    (R, NC): "r nc"              (C, NR): "c nr"
@@ -47,13 +46,9 @@ def bind(x, scale, *, dtype, scale_dtype, modes):
   """(q, q^T) for modes ("tensor", "tensor") with the given `scale`; else
   (q, q_scale, q^T, q^T_scale) for two block modes ("row", "tile"), `scale` None
   (`quantize_pair` has checked them)."""
-  dtype, scale_dtype = np.dtype(dtype), np.dtype(scale_dtype)
-  if modes == ("tensor", "tensor"):
-    return cast_transpose_p.bind(x, scale, dtype=dtype, scale_dtype=scale_dtype, modes=modes,
-                                 shape=x.shape)
-  blocks = jnp.zeros(tuple(math.ceil(n / BLOCK) for n in x.shape), jnp.int8)
-  return cast_transpose_p.bind(x, blocks, dtype=dtype, scale_dtype=scale_dtype, modes=modes,
-                               shape=x.shape)
+  operands = (x, scale) if modes == ("tensor", "tensor") else (x,)
+  return cast_transpose_p.bind(*operands, dtype=np.dtype(dtype),
+                               scale_dtype=np.dtype(scale_dtype), modes=modes, shape=x.shape)
 
 
 def scale_shape(mode, rows, cols):
@@ -62,7 +57,7 @@ def scale_shape(mode, rows, cols):
 
 
 @cast_transpose_p.def_abstract_eval
-def _abstract_eval(x, _, *, dtype, scale_dtype, modes, shape):
+def _abstract_eval(x, *_, dtype, scale_dtype, modes, shape):
   """The results' types, with the shardings `sharding_rule` gives them (Explicit mesh
   axes): q x's, q^T its transpose, a scale's row (column) dimension x's rows' (columns'),
   its block dimensions whole."""
@@ -95,13 +90,12 @@ def _kernel(x, scale, *, dtype, scale_dtype, modes, platform):
 
 
 def _lowering(platform):
-  def lowering(ctx, x, second, *, dtype, scale_dtype, modes, shape):
+  def lowering(ctx, x, *scale, dtype, scale_dtype, modes, shape):
     del shape
-    per_tensor = modes == ("tensor", "tensor")
-    kernel = lambda x, second: _kernel(x, second if per_tensor else None, dtype=dtype,
+    kernel = lambda x, *scale: _kernel(x, scale[0] if scale else None, dtype=dtype,
                                        scale_dtype=scale_dtype, modes=modes, platform=platform)
     return mlir.lower_fun(kernel, multiple_results=True)(rules.without_sharding_types(ctx),
-                                                         x, second)
+                                                         x, *scale)
   return lowering
 
 
@@ -120,12 +114,12 @@ def sharding_rule(*, modes, **_) -> sharding.EinsumRule:
   """The rule by modes (the module docstring).
 
   >>> str(sharding_rule(modes=("row", "tile")))
-  'r c, nr nc -> r c, r nc, c r, nc nr'
+  'r c -> r c, r nc, c r, nc nr'
   """
   if modes == ("tensor", "tensor"):
     return _PER_TENSOR_RULE
   q_scale, q_t_scale = _SCALE_DIMS[modes[0]][0], _SCALE_DIMS[modes[1]][1]
-  return sharding.EinsumRule((("r", "c"), ("nr", "nc")), ("r", "c"), replicated=("nr", "nc"),
+  return sharding.EinsumRule((("r", "c"),), ("r", "c"), replicated=("nr", "nc"),
                              more_results=(q_scale, ("c", "r"), q_t_scale))
 
 
@@ -134,7 +128,7 @@ def _local_call(bind_local, operands, params, plan: sharding.Plan):
   else with that dimension of x gathered; the scales' block dimensions made whole."""
   if params["modes"] == ("tensor", "tensor"):
     return bind_local(*operands, **params)
-  x, blocks = operands
+  (x,) = operands
   axes = [plan.factor_axes.get(f, ()) for f in ("r", "c")]
   local = {}        # x's dimension -> (mesh axes, local size): a device holds its own rows
   for dim, (dim_axes, size) in enumerate(zip(axes, params["shape"])):
@@ -146,7 +140,7 @@ def _local_call(bind_local, operands, params, plan: sharding.Plan):
     else:   # a device's share is not whole blocks: quantize the whole dimension
       whole = lax.all_gather(x, _axis_name(dim_axes), axis=dim, tiled=True)
       x = lax.slice_in_dim(whole, 0, size, axis=dim)
-  q, q_scale, q_t, q_t_scale = bind_local(x, blocks, **params)
+  q, q_scale, q_t, q_t_scale = bind_local(x, **params)
   mine = lambda y, y_dim, dim: _own_share(y, y_dim, axes[dim], params["shape"][dim])
   block_whole = lambda s, s_dim, dim: (
       lax.all_gather(s, _axis_name(local[dim][0]), axis=s_dim, tiled=True) if dim in local else s)
