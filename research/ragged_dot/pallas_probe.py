@@ -6,7 +6,7 @@ Run from the repository root: `python3 research/ragged_dot/pallas_probe.py SECTI
 with SECTION one of check-pipelined, check-grouped (ragged-M and ragged-K),
 time-g8, time-g64 (the forward), time-g8-dgrad, time-g64-wgrad, ... (the
 backward GEMMs), op (through jaxgemm.ragged_dot, value and both gradients).
-Its log, pallas_probe.log beside it, came from this (H100 machine, jax 0.11.2;
+Its log, pallas_probe.log (in git history at a0ac978), came from this (H100 machine, jax 0.11.2;
 the links stand in for the editable install's package-dir mapping), with the
 sections of that day (check-pipelined:90 check-grouped:110 time-g64:130
 time-g8:150 op:60):
