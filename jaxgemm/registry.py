@@ -32,15 +32,19 @@ class Backend(abc.ABC):
 
   Subclasses set `op`, `name` and `config_cls`, list their `variants` in ladder
   order (simplest first; the last is the backend's best), and name the modules
-  whose code decides a tuned config's speed (`kernel_modules`: a change to
-  their code, not their prose, makes the backend's tuning records stale).
+  whose code decides a tuned config's speed, per rung (`kernel_modules_of`: a
+  change to their code, not their prose, makes that rung's tuning records stale).
   """
 
   op: ClassVar[str]
   name: ClassVar[str]
   config_cls: ClassVar[type[KernelConfig]]
   variants: ClassVar[tuple[str, ...]]
-  kernel_modules: ClassVar[tuple[str, ...]]
+  # The modules whose code decides a tuned config's speed (`kernel_modules_of`):
+  # `rung_package` holds one module per variant, named after it; `kernel_modules`
+  # are what every rung runs beyond its own module.
+  rung_package: ClassVar[str | None] = None
+  kernel_modules: ClassVar[tuple[str, ...]] = ()
 
   def unavailable_reason(self) -> str | None:
     """None when the backend can run here, else why not (e.g. a missing package)."""
@@ -85,6 +89,27 @@ class Backend(abc.ABC):
     """
     variant = self.default_variant(problem)
     return [(variant, self.default_config(problem, variant))]
+
+  def kernel_modules_of(self, variant: str) -> tuple[str, ...]:
+    """The modules whose code decides the speed of `variant`'s tuned configs.
+
+    By default the variant's module in `rung_package` (if set) and
+    `kernel_modules`. `tuning_cache.kernel_version` hashes these and every
+    module of `jaxgemm.kernels` they import, directly or not, so a module
+    imported from the rung (a sibling rung, `common`) need not be listed; a
+    backend lists here what runs beyond them (`jaxgemm.triton_call`, a layout
+    pass its `impl` applies). Modules, not packages: a rung hashes only its own code.
+
+    >>> import jaxgemm
+    >>> from jaxgemm import registry
+    >>> registry.get_backend("triton").kernel_modules_of("persistent")[0]
+    'jaxgemm.kernels.triton.matmul.persistent'
+    """
+    if variant not in self.variants:
+      raise ValueError(f"unknown variant={variant!r} for backend={self.name!r} of op="
+                       f"{self.op!r}; valid variants: {list(self.variants)}")
+    own = (f"{self.rung_package}.{variant}",) if self.rung_package else ()
+    return own + tuple(self.kernel_modules)
 
   @abc.abstractmethod
   def check(self, problem: Problem, variant: str, config: KernelConfig) -> None:

@@ -279,8 +279,14 @@ def _candidates(problem: Problem, backends: Iterable[str]):
       yield name, variant, config, None
 
 
+def _xla_variant(problem: Problem) -> str:
+  """The rung of XLA's own record (a kernel version is a rung's: ragged_dot's is not
+  matmul's `dot_general`)."""
+  return registry.get_backend("xla", problem.op).variants[-1]
+
+
 def _is_tuned(problem, kind, path, backends) -> bool:
-  if not tuning_cache.has_record(problem, kind, "xla", "dot_general", path):
+  if not tuning_cache.has_record(problem, kind, "xla", _xla_variant(problem), path):
     return False
   pairs = {(n, v) for n, v, _, why in _candidates(problem, backends) if why is None}
   return all(tuning_cache.has_record(problem, kind, n, v, path) for n, v in pairs)
@@ -445,13 +451,14 @@ def _store(report: TuningReport, problem: Problem, path: Path | None, kind: str,
   stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   shape = problem.shape_key()
 
-  def record(backend, config_dict, ms, xla_around_ms):
+  def record(backend, variant, config_dict, ms, xla_around_ms):
     return {"config": config_dict, "time_ms": ms, "xla_time_ms": xla_around_ms, "timer": timer,
-            "version": tuning_cache.kernel_version(backend, problem.op), "tuned_at": stamp,
-            "jax": jax.__version__}
+            "version": tuning_cache.kernel_version(backend, problem.op, variant=variant),
+            "tuned_at": stamp, "jax": jax.__version__}
 
-  records = {tuning_cache.entry_key(kind, "xla", "dot_general", problem):
-             {shape: record("xla", {}, xla_ms, xla_ms)}}
+  xla = _xla_variant(problem)
+  records = {tuning_cache.entry_key(kind, "xla", xla, problem):
+             {shape: record("xla", xla, {}, xla_ms, xla_ms)}}
   best: dict[tuple[str, str], Trial] = {}
   for t in report.trials:
     if t.problem == problem and t.status == "ok":
@@ -461,6 +468,6 @@ def _store(report: TuningReport, problem: Problem, path: Path | None, kind: str,
   for (backend, variant), t in best.items():
     config = {k: v for k, v in t.config.to_dict().items() if k != "backend"}
     records[tuning_cache.entry_key(kind, backend, variant, problem)] = {
-        shape: record(backend, config, t.time_ms, t.xla_time_ms)}
+        shape: record(backend, variant, config, t.time_ms, t.xla_time_ms)}
   if path is not None:
     tuning_cache.store(path, records)

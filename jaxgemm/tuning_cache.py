@@ -16,9 +16,15 @@ whether every operand row is 16-byte aligned, since alignment decides whether
 TMA and vector loads can be used, so 4095x4097x4093 never borrows 4096^3's
 choice). Within a bucket the record of the nearest tuned shape is used.
 
-Every record carries the kernel version (`kernel_version`: a hash of the code
-of the backend's kernel modules, docstrings and comments left out); a record
-whose version differs from the installed kernels' is stale and ignored.
+Every record carries its rung's kernel version (`kernel_version(backend, op,
+variant=...)`): a hash of the code that rung runs, docstrings and comments left
+out, namely the modules `Backend.kernel_modules_of(variant)` names and every
+module of `jaxgemm.kernels` they import, directly or not (`hashed_modules`). A
+record whose version differs from the installed rung's is stale and ignored.
+So editing one rung's kernel stales only the records of the rungs that run it,
+while editing a module they share (`common`, `epilogue`, a rung that another
+imports) stales all of theirs. `restamp` carries records that are still right
+over a change of how versions are computed (research/restamp_table.py).
 
 The cache lives at ``$JAXGEMM_AUTOTUNE_CACHE`` (a file path; "off" disables
 it), by default ``$XDG_CACHE_HOME/jaxgemm/autotune.json``
@@ -117,37 +123,164 @@ def _dump(node) -> str:
   return repr(node)
 
 
-def _module_files(module: str) -> list[tuple[str, Path]]:
-  """(dotted name, path) of a module, or of each .py file directly in a package."""
-  spec = importlib.util.find_spec(module)
-  if spec is None:
-    raise ModuleNotFoundError(module)
-  if spec.submodule_search_locations:
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    return [(f"{module}.{p.stem}", p) for p in sorted(folder.glob("*.py"))]
-  return [(module, Path(spec.origin))]
+# The package whose modules a rung's version follows through imports: the kernels.
+KERNELS = "jaxgemm.kernels"
 
 
-def modules_version(modules) -> str:
-  """A hash of the code (not the prose) of `modules` (dotted names; a package means its files)."""
+def _read_source(path: Path) -> str:
+  return path.read_text()
+
+
+@functools.lru_cache(maxsize=512)
+def _analyse(module: str, is_package: bool, source: str) -> tuple[str, frozenset[str]]:
+  """(code fingerprint, the dotted names it may import) of `module`'s source.
+
+  Every import counts, at module level or inside a function (that code runs
+  when the function does). `from a.b import c` gives a.b and a.b.c (c may be
+  a module or a name in a.b: `_spec` tells), `import a.b` gives a.b; with
+  their parent packages, whose `__init__` runs on the way.
+  """
+  tree = ast.parse(source)
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:   # relative: from the module's package, up level - 1
+        package = module if is_package else module.rpartition(".")[0]
+        package = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1])
+        base = f"{package}.{base}" if base else package
+      names.add(base)
+      names.update(f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+  parents = {".".join(n.split(".")[:i]) for n in names for i in range(1, n.count(".") + 1)}
+  return code_fingerprint(source), frozenset(names | parents)
+
+
+def _spec(module: str):
+  """The spec of `module`, None where no such module exists. Only packages are
+  imported to find it (their `__init__`), never a module itself: `from
+  a.common import x` must not import a.common (a kernel module imports triton)."""
+  parent = module.rpartition(".")[0]
+  if parent:
+    parent_spec = _spec(parent)
+    if parent_spec is None or not parent_spec.submodule_search_locations:
+      return None   # x is a name in a module, not a module
+  try:
+    return importlib.util.find_spec(module)
+  except (ImportError, ValueError):
+    return None
+
+
+def hashed_modules(roots, follow: str = KERNELS) -> tuple[str, ...]:
+  """The modules `modules_version(roots)` hashes, sorted: `roots`, and every module
+  of the package `follow` they import, directly or through each other (with the
+  packages on the way, whose `__init__` runs).
+
+  Imports of modules outside `follow` are not followed: a backend names the ones
+  that decide its speed among its roots (`Backend.kernel_modules_of`).
+
+  >>> hashed_modules(["jaxgemm.kernels.triton.matmul.tensorcore"])[-2:]
+  ('jaxgemm.kernels.triton.matmul.tensorcore', 'jaxgemm.kernels.triton.matmul.tiled')
+  """
+  inside = lambda name: name == follow or name.startswith(follow + ".")
+  todo, seen = [], set()
+  for root in roots:
+    spec = _spec(root)
+    if spec is None or spec.origin is None:
+      raise ModuleNotFoundError(f"no module {root!r} (a kernel module: see "
+                                f"Backend.kernel_modules_of)", name=root)
+    if spec.submodule_search_locations:
+      raise ValueError(f"{root!r} is a package: name the modules a rung runs, not their "
+                       f"package (a package would stale every rung on any file's edit)")
+    parents = (".".join(root.split(".")[:i]) for i in range(1, root.count(".") + 1))
+    todo += [root, *filter(inside, parents)]
+  while todo:
+    module = todo.pop()
+    if module in seen:
+      continue
+    seen.add(module)
+    spec = _spec(module)
+    source = _read_source(Path(spec.origin))
+    _, names = _analyse(module, bool(spec.submodule_search_locations), source)
+    todo += [n for n in names if inside(n) and n not in seen and _spec(n) is not None]
+  return tuple(sorted(seen))
+
+
+def modules_version(roots, follow: str = KERNELS) -> str:
+  """A hash of the code (not the prose) of `hashed_modules(roots, follow)`.
+
+  >>> len(modules_version(["jaxgemm.kernels.triton.matmul.tensorcore"]))
+  12
+  """
   h = hashlib.sha256()
-  for module in modules:
-    for name, path in _module_files(module):
-      h.update(name.encode())
-      h.update(code_fingerprint(path.read_text()).encode())
+  for module in hashed_modules(roots, follow):
+    spec = _spec(module)
+    fingerprint, _ = _analyse(module, bool(spec.submodule_search_locations),
+                              _read_source(Path(spec.origin)))
+    h.update(module.encode())
+    h.update(fingerprint.encode())
   return h.hexdigest()[:12]
 
 
 @functools.cache
-def kernel_version(backend: str, op: str = "matmul") -> str:
-  """The version of `backend`'s kernels for `op`: tuned records of another are stale.
+def kernel_version(backend: str, op: str = "matmul", *, variant: str) -> str:
+  """The version of one rung's kernel: tuned records of another version are stale.
 
-  It hashes the backend's `kernel_modules` (its kernels and the layout
-  preparation around them, which decide a config's speed) by code alone, so
-  editing a docstring or comment keeps the shipped tables current.
+  It hashes the code the rung runs, `Backend.kernel_modules_of(variant)` and
+  the kernel modules they import (`hashed_modules`), without docstrings and
+  comments: editing prose keeps the shipped tables current, and editing one
+  rung's kernel stales only the records of the rungs that run it. ValueError
+  for a backend or variant this installation does not have.
+
+  >>> len(kernel_version("triton", "matmul", variant="persistent"))
+  12
   """
   from jaxgemm import registry  # noqa: PLC0415 (the registry imports the ops, which import us)
-  return modules_version(registry.get_backend(backend, op).kernel_modules)
+  return modules_version(registry.get_backend(backend, op).kernel_modules_of(variant))
+
+
+def restamp(entries: dict[str, dict[str, dict]], old_versions: dict[str, str]
+            ) -> tuple[dict[str, dict[str, dict]], dict[str, dict[str, int]]]:
+  """Records current under `old_versions` stamped with today's versions; others untouched.
+
+  For a change of how versions are computed (or of code shown not to move a
+  recorded config's speed), which would otherwise stale records that are
+  still right. old_versions: {"<op>/<backend>/<variant>" or "<op>/<backend>":
+  the version a record of that rung (or backend) carried while current}. A
+  record whose version is its rung's old one gets `kernel_version` of this
+  tree; every other record keeps its version, so a stale record stays stale.
+  Returns the new entries and, per "<op>/<backend>", counts of records
+  "current before" (at their old version), "current after" (at today's) and
+  "stale" (neither, left as they were).
+
+  >>> entries = {"matmul|cpu|xla/dot_general|float32|x": {"1x1x1": {"version": "old"}}}
+  >>> new, counts = restamp(entries, {"matmul/xla": "old"})
+  >>> counts
+  {'matmul/xla': {'current before': 1, 'current after': 1, 'stale': 0}}
+  """
+  out, counts = {}, {}
+  for key, shapes in entries.items():
+    parsed = parse_key(key)
+    out[key] = {shape: dict(r) for shape, r in shapes.items()}
+    if parsed is None:
+      continue
+    op, _, backend, variant, _ = parsed
+    old = old_versions.get(f"{op}/{backend}/{variant}", old_versions.get(f"{op}/{backend}"))
+    try:
+      new = kernel_version(backend, op, variant=variant)
+    except ValueError:   # a backend or rung this tree no longer has
+      new = None
+    count = counts.setdefault(f"{op}/{backend}",
+                              {"current before": 0, "current after": 0, "stale": 0})
+    for r in out[key].values():
+      before = old is not None and r.get("version") == old
+      if before and new is not None:
+        r["version"] = new
+      count["current before"] += before
+      count["current after"] += new is not None and r.get("version") == new
+      count["stale"] += not before and r.get("version") != new
+  return out, counts
 
 
 # ---------------------------------------------------------------- files
@@ -302,7 +435,7 @@ def _records(entries, source, device_kind, problem, backend) -> dict[tuple[str, 
     _, _, b, v, _ = parsed
     if backend is not None and b != backend:
       continue
-    version = _current_version(b, problem.op)
+    version = _current_version(b, problem.op, v)
     current = {s: r for s, r in shapes.items()
                if version is not None and r.get("version") == version and _valid_record(r)}
     if not current:
@@ -314,10 +447,10 @@ def _records(entries, source, device_kind, problem, backend) -> dict[tuple[str, 
   return out
 
 
-def _current_version(backend: str, op: str) -> str | None:
+def _current_version(backend: str, op: str, variant: str) -> str | None:
   try:
-    return kernel_version(backend, op)
-  except ValueError:   # a backend this installation does not have
+    return kernel_version(backend, op, variant=variant)
+  except ValueError:   # a backend or rung this installation does not have
     return None
 
 
@@ -348,5 +481,5 @@ def has_record(problem: Problem, device_kind: str, backend: str, variant: str,
   """Whether `path` holds a current record of exactly this problem for backend/variant."""
   shapes = load(path).get(entry_key(device_kind, backend, variant, problem), {})
   r = shapes.get(problem.shape_key())
-  return (r is not None and r.get("version") == _current_version(backend, problem.op)
+  return (r is not None and r.get("version") == _current_version(backend, problem.op, variant)
           and _valid_record(r))

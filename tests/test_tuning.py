@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -36,17 +37,24 @@ def problem(m=48, n=40, k=32, dtype=F32, batch=1, **kw) -> jaxgemm.GemmProblem:
 
 
 def record(backend, config, time_ms, xla_time_ms=1.0, version=None) -> dict:
+  """A record of `backend`; `write` stamps it with its rung's version unless `version`."""
   cfg = {k: v for k, v in config.to_dict().items() if k != "backend"} if config else {}
   return {"config": cfg, "time_ms": time_ms, "xla_time_ms": xla_time_ms,
-          "version": version or tuning_cache.kernel_version(backend), "timer": "test"}
+          "version": version, "timer": "test"}
 
 
 def write(path, p, entries: dict[tuple[str, str], dict]):
   """A tuning file holding `entries` {(backend, variant): record} for problem `p`."""
   data = {"format": tuning_cache.FORMAT, "entries": {
-      tuning_cache.entry_key(KIND, b, v, p): {p.shape_key(): r}
+      tuning_cache.entry_key(KIND, b, v, p): {p.shape_key(): stamped(r, b, v, p.op)}
       for (b, v), r in entries.items()}}
   path.write_text(json.dumps(data))
+
+
+def stamped(r: dict, backend: str, variant: str, op: str = "matmul") -> dict:
+  """`r`, with the current version of backend/variant where it has none."""
+  return {**r, "version": r["version"] or tuning_cache.kernel_version(backend, op,
+                                                                      variant=variant)}
 
 
 @pytest.fixture
@@ -387,9 +395,21 @@ def test_stale_records_are_ignored(table, cache):
 
 
 def test_kernel_version_follows_the_sources():
-  versions = {b: tuning_cache.kernel_version(b) for b in ("xla", "triton", "pallas")}
-  assert len(set(versions.values())) == 3
-  assert all(len(v) == 12 for v in versions.values())
+  """Every rung of every backend has a version; rungs running other code differ."""
+  versions = {}
+  for op in registry.ops():
+    for name in ("xla", "triton", "pallas"):
+      backend = registry.get_backend(name, op)
+      for variant in backend.variants:
+        version = tuning_cache.kernel_version(name, op, variant=variant)
+        assert len(version) == 12 and int(version, 16) >= 0, (op, name, variant)
+        versions[op, name, variant] = version
+  for name, rungs in (("triton", registry.variants("triton")),
+                      ("pallas", registry.variants("pallas"))):
+    mine = {versions["matmul", name, v] for v in rungs}
+    assert len(mine) == len(rungs), (name, mine)   # one module per rung: all differ
+  with pytest.raises(ValueError, match="unknown variant='bogus'"):
+    tuning_cache.kernel_version("triton", "matmul", variant="bogus")
 
 
 _KERNEL = textwrap.dedent('''
@@ -405,6 +425,19 @@ _KERNEL = textwrap.dedent('''
     ''')
 
 
+def fake_package(tmp_path, monkeypatch, files: dict[str, str]) -> str:
+  """A package of `files` {module: source} importable under a name of its own (a
+  name once imported keeps its folder in sys.modules, so every test gets another)."""
+  name = "fake_kernels_" + "".join(c for c in tmp_path.name if c.isalnum())
+  package = tmp_path / name
+  package.mkdir()
+  (package / "__init__.py").write_text("")
+  for module, source in files.items():   # PACKAGE: the package's name
+    (package / f"{module}.py").write_text(textwrap.dedent(source).replace("PACKAGE", name))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  return name
+
+
 @pytest.mark.parametrize("edit, same", [
     (lambda s: s.replace("A kernel module.", "A kernel module, documented better."), True),
     (lambda s: s.replace("How many tiles", "The number of tiles that"), True),
@@ -418,45 +451,182 @@ _KERNEL = textwrap.dedent('''
 def test_kernel_version_ignores_prose_and_follows_code(tmp_path, monkeypatch, edit, same):
   """A docstring or comment edit keeps a kernel's version (the shipped table stays
   current); any code edit changes it (its tuned records go stale)."""
-  package = tmp_path / "fake_kernels"
-  package.mkdir()
-  (package / "__init__.py").write_text("")
-  (package / "rung.py").write_text(_KERNEL)
-  monkeypatch.syspath_prepend(str(tmp_path))
-  before = tuning_cache.modules_version(["fake_kernels"])
+  name = fake_package(tmp_path, monkeypatch, {"rung": _KERNEL})
+  before = tuning_cache.modules_version([f"{name}.rung"], follow=name)
   edited = edit(_KERNEL)
   assert edited != _KERNEL
-  (package / "rung.py").write_text(edited)
-  assert (tuning_cache.modules_version(["fake_kernels"]) == before) == same
+  (tmp_path / name / "rung.py").write_text(edited)
+  assert (tuning_cache.modules_version([f"{name}.rung"], follow=name) == before) == same
 
 
-def test_code_fingerprint_is_the_same_on_every_python():
-  """Pinned: the fingerprint leaves out empty fields, so Python 3.12's new
-  `type_params` does not change it (with `ast.dump`, the table tuned under the
-  GPU machine's 3.12 read stale under 3.11: every record)."""
-  source = 'def f(x: int = 1):\n  """doc"""\n  return x + 1  # c\n'
-  assert tuning_cache.code_fingerprint(source) == (
-      "Module(body=[FunctionDef(name='f', args=arguments(args=[arg(arg='x', "
-      "annotation=Name(id='int', ctx=Load()))], defaults=[Constant(value=1)]), "
-      "body=[Return(value=BinOp(left=Name(id='x', ctx=Load()), op=Add(), "
-      "right=Constant(value=1)))])])")
+def test_a_rung_version_follows_its_imports_within_the_package(tmp_path, monkeypatch):
+  """A rung hashes its module and what it imports from the package, in every form
+  (absolute, relative, a module or a name from it, inside a function), and nothing else."""
+  name = fake_package(tmp_path, monkeypatch, {
+      "common": "TILE = 64\n",
+      "unused": "X = 1\n",
+      "basic": "from PACKAGE.common import TILE\n",
+      "tiled": "from . import common\n",
+      "pipelined": "from PACKAGE import tiled\n",           # a sibling rung
+      "late": "def f():\n  from .common import TILE\n  return TILE\n",
+      "outside": "import json\nfrom os import path\n",
+  })
+  hashed = lambda rung: tuning_cache.hashed_modules([f"{name}.{rung}"], follow=name)
+  assert hashed("basic") == (name, f"{name}.basic", f"{name}.common")
+  assert hashed("pipelined") == (name, f"{name}.common", f"{name}.pipelined", f"{name}.tiled")
+  assert hashed("late") == (name, f"{name}.common", f"{name}.late")
+  assert hashed("outside") == (name, f"{name}.outside")
+  with pytest.raises(ValueError, match="is a package"):
+    tuning_cache.hashed_modules([name], follow=name)
+  with pytest.raises(ModuleNotFoundError, match="no module"):
+    tuning_cache.hashed_modules([f"{name}.gone"], follow=name)
 
 
-def test_shipped_table_is_current_for_this_code():
-  """Every record of the shipped H200 table carries today's kernel versions:
-  a kernel change that stales it must come with a re-tune (or a restamp whose
-  commit shows the change cannot move a recorded config's speed)."""
-  data = json.loads(tuning_cache.table_path("NVIDIA H200").read_text())
-  for key, shapes in data["entries"].items():
-    backend = tuning_cache.parse_key(key)[2].split("/")[0]
-    for shape, r in shapes.items():
-      assert r["version"] == tuning_cache.kernel_version(backend), (key, shape)
+def _edited(monkeypatch, *files: str):
+  """Has the version code read `files` (repository paths) with one more line of code,
+  as an edit of them would, and forgets the versions computed before."""
+  root = Path(jaxgemm.__file__).resolve().parents[1]
+  targets = {(root / f).resolve() for f in files}
+  assert all(t.is_file() for t in targets), targets
+  read = tuning_cache._read_source
+  monkeypatch.setattr(tuning_cache, "_read_source", lambda path: read(path) + (
+      "EDITED = 1\n" if Path(path).resolve() in targets else ""))
+  tuning_cache.kernel_version.cache_clear()
+
+
+def _all_versions() -> dict[tuple[str, str, str], str]:
+  return {(op, name, v): tuning_cache.kernel_version(name, op, variant=v)
+          for op in registry.ops() for name in ("xla", "triton", "pallas")
+          for v in registry.get_backend(name, op).variants}
+
+
+def _rungs_of(name: str) -> set[tuple[str, str, str]]:
+  return {(op, name, v) for op in registry.ops() for v in registry.variants(name, op)}
+
+
+@pytest.fixture
+def fresh_versions():
+  tuning_cache.kernel_version.cache_clear()
+  yield
+  tuning_cache.kernel_version.cache_clear()
+
+
+@pytest.mark.parametrize("edited, changed", [
+    # One rung's module: that rung's records alone (in every op running it).
+    ("kernels/triton/matmul/persistent.py",
+     {("matmul", "triton", "persistent"), ("fused_matmul", "triton", "persistent")}),
+    ("kernels/triton/matmul/splitk.py", {("matmul", "triton", "splitk")}),
+    ("kernels/pallas/matmul/pingpong.py", {("matmul", "pallas", "pingpong")}),
+    ("kernels/pallas/matmul/basic.py", {("matmul", "pallas", "basic")}),
+    ("kernels/pallas/scaled_matmul/scaled.py",
+     {("scaled_matmul", "pallas", "warp_specialized"),
+      ("scaled_matmul", "pallas", "warp_specialized_tma_scales")}),
+    ("kernels/triton/matmul/layout.py",   # the tensor-core rungs' layout pass
+     {("matmul", "triton", v) for v in ("tensorcore", "persistent", "splitk")}
+     | {("fused_matmul", "triton", v) for v in ("tensorcore", "persistent")}
+     | {("glu", "triton", "dual")}),
+    # A module many rungs import: each of them (a rung importing a sibling rung included).
+    ("kernels/pallas/matmul/warp_specialized.py",
+     {("matmul", "pallas", v) for v in ("warp_specialized", "clusters", "stream_k", "pingpong")}
+     | {("fused_matmul", "pallas", v) for v in ("warp_specialized", "clusters")}
+     | {("glu", "pallas", v) for v in ("dual", "dual_clusters")}
+     | {("scaled_matmul", "pallas", v)
+        for v in ("warp_specialized", "warp_specialized_tma_scales")}),
+    ("kernels/pallas/common.py", _rungs_of("pallas")),
+    ("kernels/triton/epilogue.py",
+     {("matmul", "triton", v) for v in registry.variants("triton")}
+     | {("fused_matmul", "triton", v) for v in ("tensorcore", "persistent")}
+     | {("glu", "triton", "dual"), ("scaled_matmul", "triton", "blocked")}),
+    ("jaxgemm/triton_call.py",
+     _rungs_of("triton")
+     | {("scaled_matmul", "pallas", v)     # its fp8 transpose is a Triton kernel
+        for v in ("warp_specialized", "warp_specialized_tma_scales")}),
+    ("jaxgemm/ops/matmul/xla.py", {("matmul", "xla", "dot_general")}),
+])
+def test_an_edit_stales_exactly_the_rungs_that_run_the_code(
+    monkeypatch, fresh_versions, edited, changed):
+  before = _all_versions()
+  _edited(monkeypatch, edited)
+  after = _all_versions()
+  assert {k for k in before if before[k] != after[k]} == changed
+
+
+def test_an_edit_of_the_matmul_heuristics_stales_nothing(monkeypatch, fresh_versions):
+  """The tile heuristics choose among configs; a record's config is timed as it is."""
+  before = _all_versions()
+  _edited(monkeypatch, "jaxgemm/ops/matmul/triton.py", "jaxgemm/ops/matmul/pallas.py")
+  assert _all_versions() == before
+
+
+# Imports of jaxgemm modules outside jaxgemm.kernels from a rung's kernel code that
+# do not decide a tuned config's speed (the version does not follow them).
+NOT_SPEED = {
+    "jaxgemm.ops.matmul.problem": "GemmProblem, in signatures (triton/matmul/layout.py)",
+    "jaxgemm.ops.matmul.triton": "DEFAULT_NUM_SMS, where the device cannot say "
+                                 "(triton/matmul/persistent.py)",
+}
+
+
+def test_every_module_outside_the_kernels_that_a_rung_imports_is_classified():
+  """A kernel's import of another jaxgemm module is either hashed (the backend names it
+  in `kernel_modules_of`) or known not to decide speed (NOT_SPEED): a new import
+  must be classified, so a rung's version cannot silently miss code it runs."""
+  missing = {}
+  for op in registry.ops():
+    for name in ("xla", "triton", "pallas"):
+      backend = registry.get_backend(name, op)
+      for variant in backend.variants:
+        roots = backend.kernel_modules_of(variant)
+        for module in tuning_cache.hashed_modules(roots):
+          if not module.startswith(tuning_cache.KERNELS):
+            continue
+          spec = tuning_cache._spec(module)
+          _, names = tuning_cache._analyse(module, bool(spec.submodule_search_locations),
+                                           tuning_cache._read_source(Path(spec.origin)))
+          for n in names:
+            if (n.startswith("jaxgemm.") and not n.startswith(tuning_cache.KERNELS)
+                and tuning_cache._spec(n) is not None and not
+                tuning_cache._spec(n).submodule_search_locations
+                and n not in roots and n not in NOT_SPEED):
+              missing.setdefault(n, set()).add((op, name, variant, module))
+  assert not missing, missing
+
+
+OLD_TRITON = "0fcda76b446b"   # matmul/triton's per-backend version at c3e0863
+
+
+def test_restamp_makes_current_records_current_and_keeps_stale_ones_stale(cache, table):
+  """A record stamped with the per-backend version of c3e0863 reads stale now; the
+  restamp makes it current, and leaves a record that was stale then stale."""
+  p = problem()
+  write(table, p, {("triton", "tensorcore"): record("triton", SMALL, 0.1, version=OLD_TRITON),
+                   ("triton", "persistent"): record("triton", OTHER, 0.2, version="older"),
+                   ("triton", "gone"): record("triton", OTHER, 0.3, version=OLD_TRITON)})
+  assert tuning_cache.lookup(p, KIND) == []
+  entries = tuning_cache.load(table)
+  new, counts = tuning_cache.restamp(entries, {"matmul/triton": OLD_TRITON})
+  assert counts == {"matmul/triton": {"current before": 2, "current after": 1, "stale": 1}}
+  versions = {tuning_cache.parse_key(k)[3]: next(iter(v.values()))["version"]
+              for k, v in new.items()}
+  assert versions == {"tensorcore": tuning_cache.kernel_version("triton", variant="tensorcore"),
+                      "persistent": "older", "gone": OLD_TRITON}
+  assert entries == tuning_cache.load(table)   # the input is not modified
+  table.write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": new}))
+  assert [(t.variant, t.time_ms) for t in tuning_cache.lookup(p, KIND)] == [("tensorcore", 0.1)]
+  # A per-rung old version wins over its backend's; run twice, nothing changes.
+  again, _ = tuning_cache.restamp(new, {"matmul/triton": OLD_TRITON,
+                                        "matmul/triton/persistent": "older"})
+  assert next(iter(again[tuning_cache.entry_key(KIND, "triton", "persistent", p)].values()))[
+      "version"] == tuning_cache.kernel_version("triton", variant="persistent")
+  assert again[tuning_cache.entry_key(KIND, "triton", "tensorcore", p)] == new[
+      tuning_cache.entry_key(KIND, "triton", "tensorcore", p)]
 
 
 def test_tables_off_reads_no_table(cache, table, monkeypatch):
   p = problem(m=24, n=24, k=24)
   key = tuning_cache.entry_key(KIND, "triton", "tensorcore", p)
-  tuning_cache.store(table, {key: {p.shape_key(): record("triton", SMALL, 0.5)}})
+  tuning_cache.store(table, {key: {p.shape_key(): stamped(record("triton", SMALL, 0.5),
+                                                          "triton", "tensorcore")}})
   assert [t.source for t in tuning_cache.lookup(p, KIND)] == ["table"]
   monkeypatch.setenv(tuning_cache.TABLES_ENV, "off")
   assert tuning_cache.lookup(p, KIND) == []

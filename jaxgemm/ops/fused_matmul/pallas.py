@@ -133,8 +133,9 @@ def gated(x, z, activation: str):
 class PallasFusedMatmul(registry.Backend):
   op = "fused_matmul"
   name = "pallas"
-  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul",
-                    "jaxgemm.kernels.pallas.epilogue")
+  rung_package = "jaxgemm.kernels.pallas.matmul"
+  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.epilogue",
+                    "jaxgemm.kernels.pallas.matmul.warp_specialized")
   config_cls = PallasConfig
   variants = VARIANTS
 

@@ -55,8 +55,8 @@ class TritonFusedMatmul(registry.Backend):
   op = "fused_matmul"
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.epilogue",
-                    "jaxgemm.kernels.triton.matmul", "jaxgemm.triton_call")
+  rung_package = "jaxgemm.kernels.triton.matmul"
+  kernel_modules = ("jaxgemm.kernels.triton.matmul.layout", "jaxgemm.triton_call")
   config_cls = TritonConfig
   variants = _VARIANTS
 

@@ -82,8 +82,7 @@ def _fit_stages(problem: GluProblem, variant: str, config: PallasConfig) -> Pall
 class PallasGlu(registry.Backend):
   op = "glu"
   name = "pallas"
-  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul",
-                    "jaxgemm.kernels.pallas.epilogue", "jaxgemm.kernels.pallas.glu")
+  kernel_modules = ("jaxgemm.kernels.pallas.glu.dual", "jaxgemm.kernels.pallas.common")
   config_cls = PallasConfig
   variants = VARIANTS
 

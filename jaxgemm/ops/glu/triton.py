@@ -38,8 +38,7 @@ class TritonGlu(registry.Backend):
   op = "glu"
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.epilogue",
-                    "jaxgemm.kernels.triton.glu", "jaxgemm.kernels.triton.matmul.layout",
+  kernel_modules = ("jaxgemm.kernels.triton.glu.dual", "jaxgemm.kernels.triton.matmul.layout",
                     "jaxgemm.triton_call")
   config_cls = TritonConfig
   variants = ("dual",)

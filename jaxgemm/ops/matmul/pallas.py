@@ -114,9 +114,8 @@ class PallasMatmul(registry.Backend):
   op = "matmul"
   name = "pallas"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  # The plain kernels run the epilogue module's code (switched off): it is theirs too.
-  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.epilogue",
-                    "jaxgemm.kernels.pallas.matmul")
+  rung_package = "jaxgemm.kernels.pallas.matmul"
+  kernel_modules = ("jaxgemm.kernels.pallas.common",)   # `impl`'s k_major_operands
   config_cls = PallasConfig
   variants = VARIANTS
 

@@ -193,11 +193,16 @@ class TritonMatmul(registry.Backend):
   op = "matmul"
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.epilogue",
-                    "jaxgemm.kernels.triton.matmul",
-                    "jaxgemm.triton_call")
+  rung_package = "jaxgemm.kernels.triton.matmul"
+  kernel_modules = ("jaxgemm.triton_call",)
   config_cls = TritonConfig
   variants = tuple(_RUNGS)
+
+  def kernel_modules_of(self, variant: str) -> tuple[str, ...]:
+    """The registry's, and `layout` for the tensor-core rungs (`impl` lays out their operands)."""
+    modules = super().kernel_modules_of(variant)
+    return modules if _RUNGS[variant].cuda_cores else (
+        modules + ("jaxgemm.kernels.triton.matmul.layout",))
 
   def __init__(self, num_sms: int | None = None):
     """num_sms: the SMs the heuristic sizes grids for; None asks jax's default

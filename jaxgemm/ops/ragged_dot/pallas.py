@@ -130,8 +130,10 @@ def _fit(problem, variant, config: RaggedDotPallasConfig) -> RaggedDotPallasConf
 class PallasRaggedDot(registry.Backend):
   op = "ragged_dot"
   name = "pallas"
-  kernel_modules = ("jaxgemm.kernels.pallas.ragged_dot", "jaxgemm.kernels.pallas.common",
-                    "jaxgemm.ops.ragged_dot.schedule")
+  # Both rungs: ragged-M runs grouped.py (its `variant` switch), ragged-K ragged_k.py.
+  kernel_modules = ("jaxgemm.kernels.pallas.ragged_dot.grouped",
+                    "jaxgemm.kernels.pallas.ragged_dot.ragged_k",
+                    "jaxgemm.kernels.pallas.common", "jaxgemm.ops.ragged_dot.schedule")
   config_cls = RaggedDotPallasConfig
   variants = VARIANTS
 

@@ -105,8 +105,8 @@ class TritonRaggedDot(registry.Backend):
   op = "ragged_dot"
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.ragged_dot",
-                    "jaxgemm.triton_call", "jaxgemm.ops.ragged_dot.schedule")
+  kernel_modules = ("jaxgemm.kernels.triton.ragged_dot.grouped", "jaxgemm.triton_call",
+                    "jaxgemm.ops.ragged_dot.schedule")
   config_cls = RaggedDotTritonConfig
   variants = ("grouped",)
 

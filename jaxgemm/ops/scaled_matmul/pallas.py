@@ -218,8 +218,9 @@ def _mosaic_gpu_error() -> str | None:
 class PallasScaledMatmul(registry.Backend):
   op = "scaled_matmul"
   name = "pallas"
-  kernel_modules = ("jaxgemm.kernels.pallas.common", "jaxgemm.kernels.pallas.matmul",
-                    "jaxgemm.kernels.pallas.scaled_matmul", "jaxgemm.ops.scaled_matmul.pallas")
+  # This module lays the operands out (its fp8 transpose is a Triton kernel).
+  kernel_modules = ("jaxgemm.kernels.pallas.scaled_matmul.scaled",
+                    "jaxgemm.ops.scaled_matmul.pallas", "jaxgemm.triton_call")
   config_cls = PallasConfig
   variants = VARIANTS
 

@@ -102,8 +102,7 @@ class TritonScaledMatmul(registry.Backend):
   op = "scaled_matmul"
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
-  kernel_modules = ("jaxgemm.kernels.triton.common", "jaxgemm.kernels.triton.scaled_matmul",
-                    "jaxgemm.triton_call")
+  kernel_modules = ("jaxgemm.kernels.triton.scaled_matmul.scaled", "jaxgemm.triton_call")
   config_cls = TritonConfig
   variants = ("blocked",)
 
