@@ -187,8 +187,9 @@ _UNAVAILABLE: dict[type[Backend], str | None] = {}
 def why_unavailable(backend: Backend) -> str | None:
   """None when `backend` can run on this machine, else why not and what to install.
 
-  The first of its `requirements()` missing for jax's default platform, else
-  its own `unavailable_reason()`; computed once per backend class.
+  Every one of its `requirements()` missing for jax's default platform (all
+  at once: one install for all), else its own `unavailable_reason()`;
+  computed once per backend class.
 
   >>> import jaxgemm
   >>> jaxgemm.registry.why_unavailable(jaxgemm.registry.get_backend("xla")) is None
@@ -197,8 +198,8 @@ def why_unavailable(backend: Backend) -> str | None:
   cls = type(backend)
   if cls not in _UNAVAILABLE:
     platform = jax.default_backend()
-    missing = (r.missing(platform) for r in backend.requirements())
-    _UNAVAILABLE[cls] = next(filter(None, missing), None) or backend.unavailable_reason()
+    missing = "; ".join(filter(None, (r.missing(platform) for r in backend.requirements())))
+    _UNAVAILABLE[cls] = missing or backend.unavailable_reason()
   return _UNAVAILABLE[cls]
 
 
