@@ -11,9 +11,14 @@ BENCH_ARGS ?=
 
 .PHONY: test bench gpu-test gpu-bench gpu-env clean
 
-$(VENV)/.installed-%: pyproject.toml
+# A venv with jaxgemm installed editable and one extra of pyproject.toml (README.md's
+# install section says what each gives). Said before pip starts, since the first
+# install takes a minute or two; pip then names each package as it collects it.
+$(VENV)/.installed-%: pyproject.toml setup.py
+	@echo "==> make: installing jaxgemm (editable) and its [$*] extra into $(VENV)/" \
+	      "(README.md, Install: what each extra gives); about 80 s the first time"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[$*]'
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[$*]'
 	touch $@
 
 # `slow`: heavy transformation tests of kernels whose CPU interpreter is slow

@@ -113,10 +113,12 @@ def validate(op: str, backend: str, variant: str | None = None,
                        f"{list(registry.backends(op))}.")
     return None
   b = registry.get_backend(backend, op)
-  reason = b.unavailable_reason()
+  # Here, before tracing: a kernel that cannot run would otherwise fail inside
+  # the lowering (a missing torch as an opaque error of the CPU callback).
+  reason = registry.why_unavailable(b)
   if reason is not None:
-    raise ValueError(f"backend={backend!r} is not usable here: {reason}. "
-                     f"Usable backends: {list(registry.backends(op))}")
+    raise ValueError(f"backend={backend!r} cannot run here: {reason}. "
+                     f"Usable backends: {['auto', *registry.backends(op)]}")
   if variant is not None and variant not in b.variants:
     raise ValueError(f"unknown variant={variant!r} for backend={backend!r}; "
                      f"valid variants: {list(b.variants)}")

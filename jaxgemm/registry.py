@@ -5,11 +5,18 @@ It only holds; `jaxgemm.dispatch` decides which kernel runs a call.
 A backend is a :class:`Backend` subclass for one op (`op = "matmul"`), with a
 frozen config dataclass and a ladder of kernel variants, registered by the
 op's package at import (`jaxgemm/ops/matmul/__init__.py`).
+
+A registered backend is listed (`backends`) and can be named in a call only
+where it can run: `why_unavailable` checks its `requirements()` (the modules
+it imports, per platform) and its own `unavailable_reason()`, once per process.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
+import importlib
+import importlib.util
 from typing import Any, Callable, ClassVar
 
 import jax
@@ -25,6 +32,63 @@ from jaxgemm.ops.base import Op, Problem
 Impl = Callable[..., jax.Array]
 
 DEFAULT_OP = "matmul"
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirement:
+  """A module a backend imports to run its kernels, and what installs it.
+
+  platforms: the `jax.default_backend()` values ("cpu", "gpu") that need the
+  module; () for every platform. import_it: check by importing the module, for
+  one whose own imports can fail (jax's Mosaic GPU imports absl-py, which jax
+  does not depend on); otherwise the module is only looked up, which costs
+  nothing (importing torch takes seconds).
+
+  >>> Requirement("no_such_module", "an example", "pip install it").missing("cpu")
+  'needs no_such_module (an example; pip install it): it is not installed'
+  """
+
+  module: str
+  why: str
+  install: str
+  platforms: tuple[str, ...] = ()
+  import_it: bool = False
+
+  def missing(self, platform: str) -> str | None:
+    """None where `platform` does not need the module or it is there, else why not."""
+    if self.platforms and platform not in self.platforms:
+      return None
+    needs = f"needs {self.module} ({self.why}; {self.install})"
+    try:
+      if not self.import_it:
+        return None if importlib.util.find_spec(self.module) else f"{needs}: it is not installed"
+      importlib.import_module(self.module)
+    except Exception as e:  # noqa: BLE001 (ImportError, or a package that breaks on import)
+      return f"{needs}: importing it failed ({type(e).__name__}: {e})"
+    return None
+
+
+# What the backends of each name import to run, by platform. Every op's triton
+# backend runs through jaxgemm.triton_call (on a GPU through jax-triton, on the
+# CPU in Triton's interpreter on torch tensors), every pallas one through Mosaic
+# GPU (compiled, or in its interpreter on the CPU). The extras named are those of
+# pyproject.toml; README.md's install section says what each gives.
+REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
+    "triton": (
+        Requirement("triton", "the Triton compiler and its CPU interpreter",
+                    "pip install 'jaxgemm[triton]'"),
+        Requirement("jax_triton", "launches the compiled kernels from JAX",
+                    "pip install 'jaxgemm[triton]'", platforms=("gpu",)),
+        Requirement("torch", "Triton's CPU interpreter keeps its tensors in torch",
+                    "pip install 'jaxgemm[cpu]'", platforms=("cpu",)),
+    ),
+    "pallas": (
+        Requirement("jax.experimental.pallas.mosaic_gpu",
+                    "Mosaic GPU, the kernels' Pallas dialect and its CPU interpreter",
+                    "pip install 'jaxgemm[pallas]' for absl-py, which it imports",
+                    import_it=True),
+    ),
+}
 
 
 class Backend(abc.ABC):
@@ -46,8 +110,15 @@ class Backend(abc.ABC):
   rung_package: ClassVar[str | None] = None
   kernel_modules: ClassVar[tuple[str, ...]] = ()
 
+  @classmethod
+  def requirements(cls) -> tuple[Requirement, ...]:
+    """The modules the backend imports to run: by default those of its name in
+    `REQUIREMENTS` (every op's backend of a name runs through the same machinery)."""
+    return REQUIREMENTS.get(cls.name, ())
+
   def unavailable_reason(self) -> str | None:
-    """None when the backend can run here, else why not (e.g. a missing package)."""
+    """A check of the backend's own beyond `requirements()`: None when it can run
+    here, else why not. Callers ask `why_unavailable`, which asks both."""
     return None
 
   def default_variant(self, problem: Problem) -> str:
@@ -133,6 +204,30 @@ _OPS: dict[str, Op] = {}
 _BACKENDS: dict[str, dict[str, Backend]] = {}
 
 
+# type(backend) -> why_unavailable's answer: a process's packages and default
+# platform do not change, and the checks import modules.
+_UNAVAILABLE: dict[type[Backend], str | None] = {}
+
+
+def why_unavailable(backend: Backend) -> str | None:
+  """None when `backend` can run on this machine, else why not and what to install.
+
+  Every one of its `requirements()` missing for jax's default platform (all
+  at once: one install for all), else its own `unavailable_reason()`;
+  computed once per backend class.
+
+  >>> import jaxgemm
+  >>> jaxgemm.registry.why_unavailable(jaxgemm.registry.get_backend("xla")) is None
+  True
+  """
+  cls = type(backend)
+  if cls not in _UNAVAILABLE:
+    platform = jax.default_backend()
+    missing = "; ".join(filter(None, (r.missing(platform) for r in backend.requirements())))
+    _UNAVAILABLE[cls] = missing or backend.unavailable_reason()
+  return _UNAVAILABLE[cls]
+
+
 def register_op(op: Op) -> Op:
   _OPS[op.name] = op
   _BACKENDS.setdefault(op.name, {})
@@ -171,12 +266,15 @@ def get_backend(name: str, op: str = DEFAULT_OP) -> Backend:
 def backends(op: str = DEFAULT_OP) -> tuple[str, ...]:
   """The backend names usable for `op` on this machine, in preference order.
 
+  A registered backend that cannot run here (`why_unavailable`: a package
+  missing) is left out, so `backend="auto"` never considers it.
+
   >>> import jaxgemm
   >>> jaxgemm.backends()[0]
   'xla'
   """
   return tuple(name for name, b in _BACKENDS.get(op, {}).items()
-               if b.unavailable_reason() is None)
+               if why_unavailable(b) is None)
 
 
 def variants(backend: str, op: str = DEFAULT_OP) -> tuple[str, ...]:

@@ -1,10 +1,15 @@
-"""The registry and each backend's config: listing, ladders, JSON round trips."""
+"""The registry and each backend's config: listing, ladders, JSON round trips, and
+which backends can run here."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -158,3 +163,103 @@ def _takes(backend, problem) -> bool:
   except NotImplementedError:
     return False
   return True
+
+
+# ------------------------------------------------- which backends can run here
+
+
+def test_the_test_tier_runs_every_backend():
+  """Every registered backend of every op can run in the test environment: the test
+  extra installs all that each needs, and a backend left out of `backends()` would
+  silently drop its kernels from every test parametrized over it (conftest.py)."""
+  missing = {f"{op}/{name}": registry.why_unavailable(b)
+             for op in registry.ops() for name, b in registry._BACKENDS[op].items()
+             if name not in jaxgemm.backends(op)}
+  assert not missing, f"pip install -e '.[test]' installs what these need: {missing}"
+
+
+@pytest.fixture
+def fresh_availability(monkeypatch):
+  """why_unavailable asks again (its answers are cached per process), on the CPU;
+  the test's answers are dropped after it."""
+  monkeypatch.setattr(registry, "_UNAVAILABLE", {})
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  return monkeypatch
+
+
+def _uninstalled(monkeypatch, module):
+  """`module` as if not installed: None in sys.modules fails its import and lookup."""
+  monkeypatch.setitem(sys.modules, module, None)
+
+
+def test_triton_on_cpu_needs_torch(fresh_availability):
+  _uninstalled(fresh_availability, "torch")
+  for op in registry.ops():
+    assert "triton" not in jaxgemm.backends(op), op
+    assert "xla" in jaxgemm.backends(op), op
+  reason = registry.why_unavailable(registry.get_backend("triton"))
+  assert "needs torch" in reason and "jaxgemm[cpu]" in reason
+  # Named, it fails before tracing, with the reason (not in the CPU callback).
+  x = jnp.ones((8, 8), jnp.float32)
+  for call in (lambda: jaxgemm.matmul(x, x, backend="triton"),
+               lambda: jax.jit(lambda a: jaxgemm.matmul(a, a, backend="triton"))(x),
+               lambda: jaxgemm.glu(x, x, x, backend="triton")):
+    with pytest.raises(ValueError, match=r"backend='triton' cannot run here: needs torch"):
+      call()
+
+
+def test_triton_on_gpu_needs_jax_triton_not_torch(fresh_availability):
+  fresh_availability.setattr(jax, "default_backend", lambda: "gpu")
+  _uninstalled(fresh_availability, "torch")
+  assert registry.why_unavailable(registry.get_backend("triton")) is None
+  fresh_availability.setattr(registry, "_UNAVAILABLE", {})
+  _uninstalled(fresh_availability, "jax_triton")
+  assert "needs jax_triton" in registry.why_unavailable(registry.get_backend("triton"))
+
+
+def test_auto_considers_only_backends_that_run(fresh_availability):
+  """auto runs triton's heuristic choice where triton names a structural win, and
+  XLA once triton cannot run here."""
+  triton = registry.get_backend("triton")
+  fresh_availability.setattr(type(triton), "structural_win", lambda self, p, kind: "a test")
+  problem = jaxgemm.GemmProblem(1, 64, 64, 64, np.dtype(np.float32), np.dtype(np.float32),
+                                np.dtype(np.float32))
+  assert jaxgemm.dispatch.choose(problem).backend == "triton"
+  fresh_availability.setattr(registry, "_UNAVAILABLE", {})
+  _uninstalled(fresh_availability, "torch")
+  assert jaxgemm.dispatch.choose(problem).backend == "xla"
+
+
+def test_missing_packages_in_a_fresh_process():
+  """Without absl-py (which jax's Mosaic GPU imports) and torch, as after
+  `pip install jaxgemm` alone: pallas and triton are not listed, and naming them
+  raises what to install."""
+  script = textwrap.dedent("""
+      import sys
+
+      class Uninstalled:   # absl and torch as if not installed
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+          if name.partition(".")[0] in ("absl", "torch"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+      sys.meta_path.insert(0, Uninstalled)
+      import jax, jax.numpy as jnp, jaxgemm
+      assert jax.default_backend() == "cpu", jax.default_backend()
+      print(jaxgemm.backends())
+      x = jnp.ones((8, 8))
+      for backend in ("pallas", "triton"):
+        try:
+          jaxgemm.matmul(x, x, backend=backend)
+        except ValueError as e:
+          print(e)
+  """)
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
+  listed, pallas, triton = out.splitlines()
+  assert listed == "('xla',)"
+  assert pallas.startswith("backend='pallas' cannot run here: needs "
+                           "jax.experimental.pallas.mosaic_gpu")
+  assert "jaxgemm[pallas]" in pallas and "No module named 'absl'" in pallas
+  assert triton.startswith("backend='triton' cannot run here: needs torch")
+  assert "jaxgemm[cpu]" in triton
