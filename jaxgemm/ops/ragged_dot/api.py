@@ -85,6 +85,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
   `jax.jit` it can change every step with no recompile and no host sync, and an
   empty group costs nothing (its weights are not read).
 
+  NaN and Inf: the kernels (`triton`, `pallas`) never read an empty group's
+  weights nor the rows past the groups, so a NaN or Inf there does not reach the
+  result. `lax.ragged_dot` (`backend="xla"`, and `auto` wherever it runs XLA)
+  may spread one from an empty group's weights: on the CPU the whole result
+  became NaN. Matching it would mean reading weights no token uses.
+
   Differentiable in `lhs` and `rhs` (both backward GEMMs are grouped GEMMs on
   the same backend), and it composes with jit, grad, jvp and vmap.
 
@@ -170,7 +176,10 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
     lhs[rows g]^T @ rhs[rows g] (a mixture-of-experts weight gradient).
 
   Other dimension numbers run on lax under backend="auto" and raise
-  NotImplementedError for a named backend.
+  NotImplementedError for a named backend. `ragged_dot_dimension_numbers` is a
+  `lax.RaggedDotDimensionNumbers` (TypeError otherwise). As in `ragged_dot`,
+  the kernels read only the groups' own rows and weights: a NaN in an empty
+  group's weights does not reach their result, where lax's may.
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm
