@@ -5,7 +5,10 @@ primitive. Mosaic GPU's interpreter simulates TMA, barriers and wgmma with
 *ordered* io callbacks, whose effect tokens a primitive's lowering (our ops'
 primitives are effect-free) cannot thread through. So on the CPU the
 interpreted kernel is compiled on its own and called from a `jax.pure_callback`:
-the same kernel source, and the op stays pure for jit, grad and vmap.
+the same kernel source, and the op stays pure for jit, grad and vmap. A callback
+cannot run inside jit's partitioned program on several devices (the process
+crashed): `jaxgemm.sharding` refuses that case when it lowers, and runs XLA there
+under `backend="auto"`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ the rule (Shardy: ``sharding_rule``; GSPMD: ``infer_sharding_from_operands``),
 then calls `partition`, whose function binds ``<name>_local`` on the local
 shards and adds the reduction `plan` asks for. On one device, and inside a
 `shard_map` that is manual over every mesh axis, the local primitive is
-lowered directly, on the whole (or per-shard) operands.
+lowered directly, on the whole (or per-shard) operands. On the CPU, where the kernel
+backends run interpreted in a callback that jit's partitioned program cannot hold, a
+mesh of several devices gets XLA under ``backend="auto"`` and a NotImplementedError for
+a named kernel backend (`INTERPRETED_PLATFORM`).
 
     >>> import jax
     >>> from jax.sharding import PartitionSpec as P
@@ -55,6 +58,8 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxgemm import dispatch
 
 # ---------------------------------------------------------------- jax internals
 
@@ -570,6 +575,63 @@ def _zero_padding(x, dims: Sequence[str], factor_axes, factor_sizes, axis_sizes)
   return x
 
 
+# ---------------------------------------------------------------- interpreted kernels
+
+# The platform whose kernel lowerings run a kernel backend (triton, pallas) in its
+# interpreter, called back from the program (`jaxgemm.triton_call`,
+# `jaxgemm.pallas_call`: a `jax.pure_callback`); only XLA's own ops compile there.
+INTERPRETED_PLATFORM = "cpu"
+
+
+def _mesh_without_callbacks(axis_context) -> str | None:
+  """The mesh a kernel lowering is partitioned over where no callback can run in it,
+  described ("8 cpu devices, mesh axes {'d': 8}"); None where callbacks run.
+
+  jit over several devices lowers the kernel in custom_partitioning's `partition`, into
+  a module of its own whose host callbacks no executable keeps: the program compiled and
+  the process died of a segmentation fault when it ran (jax 0.10.2, 8 CPU devices, an
+  M-sharded matmul). A shard_map manual over some mesh axes only refuses callbacks
+  ("callbacks are only supported in spmd computations when all mesh axes are partitioned
+  manually"). One device, and a shard_map manual over every axis (each device's own
+  call), lower the kernel in place: there callbacks run.
+  """
+  manual = getattr(axis_context, "manual_axes", None)   # SPMDAxisContext (shard_map)
+  if manual is not None:
+    mesh = axis_context.mesh
+    if set(manual) == set(mesh.axis_names) or mesh.size == 1:
+      return None
+    devices = getattr(mesh, "devices", None)   # None on an AbstractMesh
+    kind = f"{devices.flat[0].platform} " if devices is not None else ""
+    return (f"{mesh.size} {kind}devices, mesh axes {dict(mesh.shape)}, in a shard_map "
+            f"manual over {sorted(manual)} only")
+  devices = getattr(axis_context, "device_assignment", None)   # ShardingContext (jit)
+  if not devices or len(devices) == 1:
+    return None
+  mesh = getattr(axis_context, "abstract_mesh", None) or jax.sharding.get_abstract_mesh()
+  axes = (f", mesh axes {dict(mesh.shape)}" if not mesh.empty and mesh.size == len(devices)
+          else "")
+  return f"{len(devices)} {devices[0].platform} devices{axes}"
+
+
+def _params_without_interpreter(primitive: Primitive, params: dict, mesh: str) -> dict:
+  """`params` for a call whose kernel lowering cannot run an interpreted kernel (on
+  `mesh`): backend="auto" becomes "xla" (XLA's op, which is what auto computes anyway);
+  a named kernel backend, or an op with only a kernel (no `backend` param), raises."""
+  backend = params.get("backend")
+  if backend == dispatch.FALLBACK:
+    return params
+  if backend == dispatch.AUTO:
+    return {**params, "backend": dispatch.FALLBACK}
+  what = f"backend={backend!r}" if backend is not None else "its kernel"
+  raise NotImplementedError(
+      f"jaxgemm: {primitive.name} with {what} cannot run on {mesh}: on the CPU the kernel "
+      f"runs in its interpreter, called back from the program (jax.pure_callback), and no "
+      f"callback can run inside the partitioned program of a multi-device mesh (it crashed "
+      f"the process). What works: backend='xla' or 'auto' (XLA's own op; 'auto' picks no "
+      f"interpreted kernel on a CPU mesh), the kernel on one device, in a jax.shard_map "
+      f"manual over every mesh axis (each device runs its own call), or on a GPU.")
+
+
 def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
                        kernel_lowerings: Mapping[str, Callable], *,
                        local_call: LocalCall = _bind_local) -> Primitive:
@@ -659,22 +721,28 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
   partitioned.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands,
                             sharding_rule=sharding_rule)
 
-  def lowering(ctx, *operands, **params):
-    axis_context = ctx.module_context.axis_context
-    if _is_partly_manual(axis_context):
-      # A shard_map manual over some axes only: shardings returned without the
-      # manual subgroup abort XLA ("Check failed: ... IsManualSubgroup()"), so
-      # the kernel runs on what the partitioner gives it (auto axes gathered).
-      return mlir.lower_fun(local_p.bind, multiple_results=local_p.multiple_results)(
-          ctx, *operands, **params)
-    static = tuple(sorted(params.items()))
-    call = lambda *xs: partitioned(static, *xs)
-    with _entered(_mesh_for_callbacks(axis_context)):
-      outs = mlir.lower_fun(call, multiple_results=primitive.multiple_results)(ctx, *operands)
-    # As jax's own lowerings do: with Explicit axes, the result keeps its type's sharding.
-    return [_CONSTRAIN_TO_TYPE(ctx, out, aval) for out, aval in zip(outs, ctx.avals_out)]
+  def lowering_on(platform):
+    def lowering(ctx, *operands, **params):
+      axis_context = ctx.module_context.axis_context
+      if platform == INTERPRETED_PLATFORM:
+        # Where the kernel lowering will run, before the partitioner calls it.
+        if (mesh := _mesh_without_callbacks(axis_context)) is not None:
+          params = _params_without_interpreter(primitive, params, mesh)
+      if _is_partly_manual(axis_context):
+        # A shard_map manual over some axes only: shardings returned without the
+        # manual subgroup abort XLA ("Check failed: ... IsManualSubgroup()"), so
+        # the kernel runs on what the partitioner gives it (auto axes gathered).
+        return mlir.lower_fun(local_p.bind, multiple_results=local_p.multiple_results)(
+            ctx, *operands, **params)
+      static = tuple(sorted(params.items()))
+      call = lambda *xs: partitioned(static, *xs)
+      with _entered(_mesh_for_callbacks(axis_context)):
+        outs = mlir.lower_fun(call, multiple_results=primitive.multiple_results)(ctx, *operands)
+      # As jax's own lowerings do: with Explicit axes, the result keeps its type's sharding.
+      return [_CONSTRAIN_TO_TYPE(ctx, out, aval) for out, aval in zip(outs, ctx.avals_out)]
+    return lowering
 
   for platform in kernel_lowerings:
-    mlir.register_lowering(primitive, lowering, platform=platform)
+    mlir.register_lowering(primitive, lowering_on(platform), platform=platform)
   _REQUIRES_DEVICES.add(primitive)
   return local_p

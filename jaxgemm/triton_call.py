@@ -25,6 +25,9 @@ on the bits (a relative error ~1e10 was seen). Kernels therefore take an
 `UPCAST_OPERANDS` constexpr that `interpreting_bf16` turns on for bf16 under
 the interpreter: tiles are converted to fp32 right after loading, which is
 exact, so the interpreted result is the GPU's bf16 x bf16 -> fp32 product.
+A callback cannot run inside jit's partitioned program on several devices (the
+process crashed): `jaxgemm.sharding` refuses that case when it lowers, before this
+module is reached, and runs XLA there under `backend="auto"`.
 """
 
 from __future__ import annotations

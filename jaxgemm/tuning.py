@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.extend import core as jex_core
 
 from jaxgemm import dispatch, registry, tuning_cache
@@ -304,13 +305,15 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
       `jax.ShapeDtypeStruct`s); traced, not run, to find its `matmul_p`s.
     problems: `Problem`s to tune as well (or instead of `fn`).
     backends: the kernel backends to try (default: every usable one but
-      `xla`, which is always timed as the reference).
+      `xla`, which is always timed as the reference). Each must be usable here
+      for at least one op of the problems (`jaxgemm.backends(op)`); it is tried
+      on the problems of the ops it serves. ValueError otherwise.
     backward: also tune the gradient GEMMs of each problem found.
-    time_budget_s: no new candidate starts after this many seconds; what is
-      left is listed in the report as out of time (run again to continue:
+    time_budget_s: no new candidate starts after this many seconds (>= 0); what
+      is left is listed in the report as out of time (run again to continue:
       tuned problems are skipped).
-    iters: timed calls per candidate (default 20 on a GPU, 3 elsewhere);
-      the median counts.
+    iters: timed calls per candidate, at least 1 (None: 20 on a GPU, 3
+      elsewhere); the median counts.
     cache_path: the cache file to update ("default": `$JAXGEMM_AUTOTUNE_CACHE`
       or ~/.cache/jaxgemm/autotune.json).
     retune: time problems the cache already holds again.
@@ -328,6 +331,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     1
   """
   t_start = time.perf_counter()
+  _check_knobs(iters=iters, time_budget_s=time_budget_s, seed=seed)
   path = tuning_cache.default_cache_path() if cache_path == "default" else (
       Path(cache_path) if cache_path is not None else None)
   found: dict[Problem, None] = {}
@@ -338,10 +342,11 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
   platform = platform_of()
   kind = dispatch.device_kind()
   timer = Timer(platform)
-  iters = iters or (20 if platform == "gpu" else 3)
+  if iters is None:
+    iters = 20 if platform == "gpu" else 3
   if backends is None:
     backends = [b for b in registry.backends() if b != dispatch.FALLBACK]
-  backends = list(backends)
+  backends = _checked_backends(backends, {p.op for p in found} or set(registry.ops()))
   report = TuningReport(kind, path, timer.label)
   say = log or (lambda _: None)
   todo = list(found)
@@ -401,6 +406,60 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     say(f"autotune: out of time ({time_budget_s:g} s) with {len(report.out_of_time)} problems "
         f"left; run again to continue")
   return report
+
+
+def _check_knobs(*, iters, time_budget_s, seed) -> None:
+  """TypeError/ValueError naming the numeric argument of `autotune` that cannot work."""
+  def is_int(x):
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+  if iters is not None:
+    if not is_int(iters):
+      raise TypeError(f"autotune's iters must be an int (timed calls per candidate) or None "
+                      f"for the default; got iters={iters!r}")
+    if iters < 1:
+      raise ValueError(f"autotune's iters={iters} must be at least 1 (timed calls per "
+                       f"candidate; None: 20 on a GPU, 3 elsewhere)")
+  if not isinstance(time_budget_s, (int, float, np.integer, np.floating)) or isinstance(
+      time_budget_s, (bool, np.bool_)):
+    raise TypeError(f"autotune's time_budget_s must be a number of seconds; "
+                    f"got time_budget_s={time_budget_s!r}")
+  if not time_budget_s >= 0:   # also refuses nan
+    raise ValueError(f"autotune's time_budget_s={time_budget_s} must be at least 0 seconds")
+  if not is_int(seed):
+    raise TypeError(f"autotune's seed must be an int; got seed={seed!r}")
+
+
+def _checked_backends(backends, ops: set[str]) -> list[str]:
+  """`backends` as a list, each a backend usable here for at least one of `ops` (the ops
+  of the problems to tune); ValueError naming the valid ones per op otherwise.
+
+  A backend that serves some of the ops and not others is tried where it serves.
+  """
+  if isinstance(backends, str):
+    raise TypeError(f"autotune's backends must be a list of backend names; got the string "
+                    f"backends={backends!r} (did you mean backends=[{backends!r}]?)")
+  backends = list(backends)
+  ops = sorted(ops)
+  valid = {op: list(registry.backends(op)) for op in ops}
+  for name in backends:
+    if any(name in usable for usable in valid.values()):
+      continue
+    reasons = [_unavailable_reason(name, op) for op in ops]
+    if reason := next(filter(None, reasons), None):   # known, but unusable here: say why
+      raise ValueError(f"autotune's backends={backends} names {name!r}, which is not usable "
+                       f"here: {reason}. Usable backends, per op: {valid}")
+    raise ValueError(f"autotune's backends={backends} names {name!r}, which is no backend "
+                     f"of {ops}; valid backends, per op (`jaxgemm.backends(op)`): {valid}")
+  return backends
+
+
+def _unavailable_reason(name, op: str) -> str | None:
+  """Why backend `name` of `op` cannot run here; None where it can or `op` has no such backend."""
+  try:
+    return registry.get_backend(name, op).unavailable_reason()
+  except ValueError:
+    return None
 
 
 def _time_trial(trial: Trial, bufs, ref, xla_compiled, timer: Timer, iters: int):

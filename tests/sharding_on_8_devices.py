@@ -6,16 +6,16 @@ the rest of the suite keeps one device). Directly:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv/bin/pytest tests/sharding_on_8_devices.py
 
-Everything here runs `backend="xla"`: the kernel lowering is then lax.dot_general on the
-local operands, which exercises the whole mechanism (rule, plan, partitioned lowering,
-reductions) with no callback. The interpreted kernels cannot run here: both interpreters
-run in `jax.pure_callback`, which crashed the process inside a custom_partitioning
-lowering on the CPU, and 8 devices running interpreted kernels at once deadlocked (a
-shard_map of a Triton GEMM: "Expected 8 threads to join the rendezvous, but only 7 of
-them arrived"). What the kernels would get is recorded instead:
-`jaxgemm.sharding.recording_local_problems` lists the local problem each kernel lowering
-received, and the tests check it. `tests/test_sharding.py` runs the real Triton kernel
-on a 1-device mesh.
+The partitioning tests run `backend="xla"`: the kernel lowering is then lax.dot_general
+on the local operands, which exercises the whole mechanism (rule, plan, partitioned
+lowering, reductions) with no callback. The interpreted kernels cannot run in jit's
+partitioned program: both interpreters run in `jax.pure_callback`, which crashed the
+process (a segmentation fault) inside a custom_partitioning lowering on the CPU; a named
+kernel backend there is now a NotImplementedError raised at lowering, and `auto` runs
+XLA (tested below, with the shard_map over every mesh axis where they do run). What the
+kernels would get is recorded instead: `jaxgemm.sharding.recording_local_problems` lists
+the local problem each kernel lowering received, and the tests check it.
+`tests/test_sharding.py` runs the real Triton kernel on a 1-device mesh.
 """
 
 from __future__ import annotations
@@ -377,6 +377,99 @@ def test_shard_map_manual_over_some_axes_is_correct(rng):
   assert [p.m for p in problems] == [32]
 
 
+# ---------------------------------------------------------------- interpreted kernels
+
+E4M3 = jnp.float8_e4m3fn
+# Every partitionable op, called on an M-sharded x (64, 128) and a weight w (128, 128).
+INTERPRETED_CALLS = {
+    "matmul": lambda x, w, **kw: jaxgemm.matmul(x, w, **kw),
+    "dot_general": lambda x, w, **kw: jaxgemm.dot_general(x, w, NN, **kw),
+    "fused_matmul": lambda x, w, **kw: jaxgemm.matmul(x, w, activation="relu", **kw),
+    "glu": lambda x, w, **kw: jaxgemm.glu(x, w, w, **kw),
+    "ragged_dot": lambda x, w, **kw: jaxgemm.ragged_dot(x, jnp.stack([w, w]),
+                                                        jnp.array([24, 40]), **kw),
+    "scaled_matmul": lambda x, w, **kw: jaxgemm.scaled_matmul(
+        x.astype(E4M3), w.astype(E4M3), jnp.float32(1), jnp.float32(1), out_dtype=F32, **kw),
+}
+
+
+def _m_sharded_operands(mesh, rng):
+  x = jax.device_put(random_array(rng, (64, 128), F32), NamedSharding(mesh, P("d", None)))
+  return x, random_array(rng, (128, 128), F32)
+
+
+@pytest.mark.parametrize("op", list(INTERPRETED_CALLS))
+@pytest.mark.parametrize("backend", ["triton", "pallas"])
+def test_interpreted_kernel_on_a_mesh_is_a_clear_error(op, backend, rng):
+  """On the CPU the kernels run in their interpreter, a callback, which crashed the
+  process (a segmentation fault) inside jit's partitioned program: a NotImplementedError
+  naming the backend, the mesh and what works, raised when the program is lowered."""
+  x, w = _m_sharded_operands(auto_mesh(), rng)
+  fn = lambda x, w: INTERPRETED_CALLS[op](x, w, backend=backend)
+  with pytest.raises(NotImplementedError) as e:
+    jax.jit(fn).lower(x, w)
+  msg = str(e.value)
+  for part in (f"backend='{backend}'", "8 cpu devices", "mesh axes {'d': 8}",
+               "backend='xla' or 'auto'", "one device", "shard_map", "GPU"):
+    assert part in msg, (part, msg)
+
+
+def test_interpreted_quantizer_on_a_mesh_is_a_clear_error(rng):
+  """The Triton cast-transpose (no backend param: only a kernel) says so too."""
+  from jaxgemm.ops.scaled_matmul.quantize import quantize_pair
+
+  x, _ = _m_sharded_operands(auto_mesh(), rng)
+  fn = lambda x: quantize_pair(x, E4M3, None, None, backend="triton")
+  with pytest.raises(NotImplementedError, match=r"jaxgemm_cast_transpose with its kernel "
+                                                r"cannot run on 8 cpu devices"):
+    jax.jit(fn).lower(x)
+
+
+def test_interpreted_kernel_in_a_partly_manual_shard_map_is_a_clear_error(rng):
+  mesh = auto_mesh((2, 4), ("data", "model"))
+  body = lambda x, w: jaxgemm.matmul(x, w, backend="triton")
+  f = jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"),
+                    axis_names={"data"})
+  with pytest.raises(NotImplementedError, match=r"backend='triton' cannot run on 8 cpu "
+                                                r"devices.*manual over \['data'\] only"):
+    jax.jit(f).lower(random_array(rng, (64, 32), F32), random_array(rng, (32, 48), F32))
+
+
+def test_auto_picks_no_interpreted_kernel_on_a_mesh(monkeypatch, rng):
+  """backend="auto" where it would pick Triton's kernel (a structural win, patched in
+  for the test): on one device it does, on the mesh it computes with XLA, correctly."""
+  triton_backend = type(jaxgemm.registry.get_backend("triton", "matmul"))
+  monkeypatch.setattr(triton_backend, "structural_win", lambda self, problem, kind: "test")
+  x, w = _m_sharded_operands(auto_mesh(), rng)
+  fn = lambda x, w: jaxgemm.matmul(x, w, precision=HIGHEST)
+  one_device = jax.jit(fn).lower(np.asarray(x), w).compile().as_text()
+  assert "callback" in one_device   # the interpreted Triton kernel
+  with sharding.recording_local_problems() as seen:
+    compiled = jax.jit(fn).lower(x, w).compile()
+  assert "callback" not in compiled.as_text()
+  assert jaxgemm.dispatch.choose(seen[0].problem, platform="cpu").backend == "triton"
+  assert dims_of(p.problem for p in seen) == [(1, 8, 128, 128, "NN")]
+  assert_gemm_close(compiled(x, w), *matmul_reference(x, w), TOL, "auto on the mesh")
+
+
+def test_shard_map_over_every_axis_runs_the_interpreted_kernels(rng):
+  """Inside a shard_map manual over every mesh axis each device runs its own call, and
+  there the callbacks work: Triton's kernel runs (with the gradient's psum), Pallas's
+  lowers and compiles (its interpreter is too slow to run 8 times here)."""
+  mesh = auto_mesh()
+  x, w = _m_sharded_operands(mesh, rng)
+  sharded = lambda backend, **kw: jax.shard_map(
+      lambda x, w: jaxgemm.matmul(x, w, backend=backend, **kw), mesh=mesh,
+      in_specs=(P("d", None), P()), out_specs=P("d", None), check_vma=True)
+  out = jax.jit(sharded("triton", precision=HIGHEST))(x, w)
+  assert_gemm_close(out, *matmul_reference(x, w), TOL, "shard_map triton")
+  dw = jax.jit(jax.grad(lambda w: sharded("triton", precision=HIGHEST)(x, w).sum()))(w)
+  x64 = np.float64(x)
+  assert_gemm_close(dw, x64.T @ np.ones((64, 128)), np.abs(x64.T) @ np.ones((64, 128)), TOL,
+                    "shard_map triton dW")
+  assert "callback" in jax.jit(sharded("pallas")).lower(x, w).compile().as_text()
+
+
 # ---------------------------------------------------------------- a training step
 
 D, HEADS, HEAD_DIM, FF, BATCH, SEQ = 32, 4, 8, 64, 4, 8
@@ -722,9 +815,11 @@ def quantizer_as_xla(monkeypatch):
   """The cast-transpose kernel replaced by XLA's math on the local shard (the Triton
   interpreter cannot run inside a partitioned lowering here: the module docstring), so
   the partitioning around it is what runs. Per tensor the given scale is used, as the
-  kernel uses it, and never recomputed from the shard; in blocks, the shard's own."""
+  kernel uses it, and never recomputed from the shard; in blocks, the shard's own.
+  With no interpreter left to call back, the mesh check that refuses one is off."""
   module = importlib.import_module("jaxgemm.ops.scaled_matmul.cast_transpose")
   quantize_module = importlib.import_module("jaxgemm.ops.scaled_matmul.quantize")
+  monkeypatch.setattr(sharding, "INTERPRETED_PLATFORM", None)
 
   def xla_kernel(x, scale, *, dtype, scale_dtype, modes, platform):
     del platform

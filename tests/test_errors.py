@@ -389,3 +389,144 @@ def test_kernels_listed():
   kernels = all_kernels("matmul")
   assert ("matmul", "xla", "dot_general") in kernels
   assert {k.backend for k in kernels} == set(jaxgemm.backends())
+
+
+# ------------------------------------------------------- issue 43's contract slips
+
+
+def test_autotune_refuses_a_backend_no_op_has():
+  """backends=["cuda"] was tuned as nothing at all ("no kernel passed; XLA")."""
+  x = _sds((64, 32))
+  for problems in ((), jaxgemm.problems_in(jaxgemm.matmul, x, x.update(shape=(32, 16)))):
+    with pytest.raises(ValueError, match=r"backends=\['cuda'\] names 'cuda'") as e:
+      jaxgemm.autotune(problems=problems, backends=["cuda"], cache_path=None, log=None)
+    for name in jaxgemm.backends("matmul"):
+      assert repr(name) in str(e.value)
+  with pytest.raises(TypeError, match=r"did you mean backends=\['triton'\]"):
+    jaxgemm.autotune(problems=(), backends="triton", cache_path=None, log=None)
+
+
+@pytest.mark.parametrize("knob,value,exc,match", [
+    ("iters", 0, ValueError, r"iters=0 must be at least 1"),
+    ("iters", -3, ValueError, r"iters=-3 must be at least 1"),
+    ("iters", 2.5, TypeError, r"iters must be an int"),
+    ("iters", True, TypeError, r"iters must be an int"),
+    ("time_budget_s", -1, ValueError, r"time_budget_s=-1 must be at least 0"),
+    ("time_budget_s", float("nan"), ValueError, r"time_budget_s=nan must be at least 0"),
+    ("time_budget_s", "60", TypeError, r"time_budget_s must be a number"),
+    ("seed", 1.0, TypeError, r"seed must be an int"),
+])
+def test_autotune_numeric_knobs_are_checked(knob, value, exc, match):
+  """iters=0 silently became the default (3) before."""
+  with pytest.raises(exc, match=match):
+    jaxgemm.autotune(problems=(), backends=[], cache_path=None, log=None, **{knob: value})
+  # The same call with a valid value runs (nothing to tune).
+  valid = {"iters": 1, "time_budget_s": 0, "seed": 7}[knob]
+  assert jaxgemm.autotune(problems=(), backends=[], cache_path=None, log=None,
+                          **{knob: valid}).tuned == []
+
+
+def test_ragged_dot_general_takes_its_dimension_numbers_type_only():
+  """A plain tuple raised AttributeError (lax.ragged_dot_general in jax 0.10.2 too: it
+  reads the fields by name); now a TypeError naming the argument and the type."""
+  lhs, rhs, sizes = _sds((6, 4)), _sds((2, 4, 3)), _sds((2,), jnp.int32)
+  fields = ((([1], [1]), ([], [])), [0], [0])
+  with pytest.raises(AttributeError):
+    lax.ragged_dot_general(jnp.ones(lhs.shape), jnp.ones(rhs.shape), jnp.array([2, 4]),
+                           ((((1,), (1,)), ((), ())), (0,), (0,)))
+  for bad in (fields, None, "ragged"):
+    for kw in ({}, dict(backend="xla")):
+      _raises_everywhere(
+          TypeError, lambda l, r, g: jaxgemm.ragged_dot_general(l, r, g, bad, **kw),
+          lhs, rhs, sizes, match=["ragged_dot_dimension_numbers must be a "
+                                  "lax.RaggedDotDimensionNumbers", type(bad).__name__])
+  # The conversion the message suggests is the call lax takes.
+  numbers = lax.RaggedDotDimensionNumbers(*fields)
+  assert jax.eval_shape(lambda l, r, g: jaxgemm.ragged_dot_general(l, r, g, numbers),
+                        lhs, rhs, sizes).shape == (6, 3)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w, activation: jaxgemm.glu(x, w, w, activation=activation),
+    lambda x, w, activation: jaxgemm.matmul(x, w, activation=activation),
+], ids=["glu", "matmul-epilogue"])
+def test_activation_that_refuses_integers_is_named(call):
+  """silu (and sigmoid) of an int32 GEMM: the jnp expression raises lax's "logistic does
+  not accept dtype int32"; so do we, naming the activation and what works."""
+  x, w = _sds((4, 8), jnp.int32), _sds((8, 16), jnp.int32)
+  xs, ws = jnp.ones(x.shape, x.dtype), jnp.ones(w.shape, w.dtype)
+  _same_type_as(lambda x, w: jax.nn.silu(x @ w) * (x @ w), TypeError, xs, ws)
+  for activation in ("silu", "sigmoid"):
+    _raises_everywhere(TypeError, lambda x, w: call(x, w, activation), x, w,
+                       match=[f"activation='{activation}'", "int32", "does not accept",
+                              "preferred_element_type", r"\['relu', 'gelu', 'gelu_exact', "
+                                                        r"'tanh'\]"])
+  # The activations that take integers compute what jnp does (relu keeps int32).
+  out = call(xs, ws, "relu")
+  assert out.dtype == jnp.int32 and out.shape == (4, 16)
+  assert call(xs, ws, "tanh").dtype == jnp.tanh(xs @ ws).dtype
+
+
+def _precision_calls():
+  x, w, experts = jnp.ones((8, 16)), jnp.ones((16, 8)), jnp.ones((2, 16, 8))
+  e4m3, one = jnp.float8_e4m3fn, jnp.float32(1)
+  numbers = lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [0])
+  sizes = jnp.array([3, 5])
+  return {
+      "matmul": (lambda p, **kw: jaxgemm.matmul(x, w, precision=p, **kw),
+                 lambda p: jnp.matmul(x, w, precision=p)),
+      "dot_general": (lambda p, **kw: jaxgemm.dot_general(x, w, NN, precision=p, **kw),
+                      lambda p: lax.dot_general(x, w, NN, precision=p)),
+      "fused_matmul": (lambda p, **kw: jaxgemm.matmul(x, w, activation="relu", precision=p,
+                                                      **kw),
+                       lambda p: jnp.matmul(x, w, precision=p)),
+      "glu": (lambda p, **kw: jaxgemm.glu(x, w, w, precision=p, **kw),
+              lambda p: jnp.matmul(x, w, precision=p)),
+      "ragged_dot": (lambda p, **kw: jaxgemm.ragged_dot(x, experts, sizes,
+                                                        precision=p, **kw),
+                     lambda p: lax.ragged_dot(x, experts, sizes, precision=p)),
+      "ragged_dot_general": (
+          lambda p, **kw: jaxgemm.ragged_dot_general(x, experts, sizes, numbers,
+                                                     precision=p, **kw),
+          lambda p: lax.ragged_dot_general(x, experts, sizes, numbers,
+                                           precision=p)),
+      "scaled_matmul": (
+          lambda p, **kw: jaxgemm.scaled_matmul(x.astype(e4m3), jnp.ones((16, 128), e4m3),
+                                                one, one, precision=p, **kw),
+          lambda p: lax.dot_general(x, w, NN, precision=p)),
+  }
+
+
+NN = (((1,), (0,)), ((), ()))
+
+
+@pytest.mark.parametrize("op", list(_precision_calls()))
+@pytest.mark.parametrize("kw", _backend_kws())
+@pytest.mark.parametrize("bad", ["bogus", 3, ("highest", "nope")], ids=["name", "int", "pair"])
+def test_bogus_precision_raises_what_jnp_raises(op, kw, bad):
+  """A precision lax refuses: lax's ValueError (it lists the valid precisions) on every
+  backend; a named backend raised NotImplementedError before."""
+  ours, theirs = _precision_calls()[op]
+  with pytest.raises(ValueError) as expected:
+    theirs(bad)
+  with pytest.raises(ValueError) as got:
+    ours(bad, **kw)
+  assert str(got.value) == str(expected.value)
+  assert "Precision argument must be one of" in str(got.value) and "'highest'" in str(got.value)
+
+
+@pytest.mark.parametrize("backend", jaxgemm.backends())
+@pytest.mark.parametrize("call", [
+    lambda a, b, backend: jaxgemm.matmul(a, b, backend=backend),
+    lambda a, b, backend: jaxgemm.ragged_dot(a, jnp.stack([b, b]), jnp.array([4, 4]),
+                                             backend=backend),
+], ids=["matmul", "ragged_dot"])
+def test_integer_dtype_error_lists_the_kernel_dtypes_truthfully(call, backend):
+  """No kernel takes float64 (XLA's dot does): the message listed it among theirs."""
+  msg = _raises_everywhere(
+      NotImplementedError, lambda a, b: call(a, b, backend), _sds((8, 16), jnp.int32),
+      _sds((16, 4), jnp.int32),
+      match=[repr(backend), "int32",
+             re.escape("kernels take floating operands ['float16', 'bfloat16', 'float32'], "
+                       "and backend='xla' float64 as well")])
+  assert msg.count("float64") == 1

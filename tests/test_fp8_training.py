@@ -165,6 +165,22 @@ def test_epilogue_runs_after_the_fp8_gemm(rng):
   assert gb.shape == b.shape and bool(jnp.all(jnp.isfinite(gb)))
 
 
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf])
+def test_one_nan_spreads_as_far_as_its_scale(bad):
+  """Fp8Recipe's documented NaN/Inf semantics (XLA's GEMMs: the scales decide it): per
+  tensor a single bad value of x or w makes the whole output NaN; with blocks, the
+  outputs its block feeds (x's 1x128 block: its row; w's 128x128 block: its columns)."""
+  x, w = jnp.ones((32, 256), BF16), jnp.ones((256, 384), BF16)
+  nan_at = lambda x, w, fp8: np.isnan(np.asarray(
+      jaxgemm.matmul(x, w, fp8=fp8, backend="xla"), F32))
+  for bad_x, bad_w in ((x.at[3, 200].set(bad), w), (x, w.at[10, 300].set(bad))):
+    assert nan_at(bad_x, bad_w, "tensor").all()
+  rows, cols = np.nonzero(nan_at(x.at[3, 200].set(bad), w, "block"))
+  assert set(rows) == {3} and len(cols) == 384
+  rows, cols = np.nonzero(nan_at(x, w.at[10, 300].set(bad), "block"))
+  assert len(set(rows)) == 32 and set(cols) == set(range(256, 384))
+
+
 def test_recipes():
   assert Fp8Recipe.named("tensor") == Fp8Recipe("tensor", grad_dtype=jnp.float8_e5m2,
                                                 scale_dtype=jnp.float8_e8m0fnu)

@@ -118,6 +118,20 @@ def test_empty_groups_and_tail_rows_are_not_read(kernel, rng):
   assert not np.asarray(out[30:], np.float32).any()
 
 
+def test_xla_backend_spreads_an_empty_groups_nan_as_lax_does(rng):
+  """The documented difference (`ragged_dot`'s docstring): backend="xla" is
+  lax.ragged_dot, which may spread a NaN from an empty group's weights (on the CPU
+  to every row); the kernels do not read them (the test above)."""
+  lhs = random_array(rng, (40, 32), jnp.float32)
+  rhs = random_array(rng, (3, 32, 24), jnp.float32).at[1].set(jnp.nan)
+  sizes = jnp.asarray([12, 0, 18])
+  ours = np.asarray(jaxgemm.ragged_dot(lhs, rhs, sizes, backend="xla"))
+  theirs = np.asarray(lax.ragged_dot(lhs, rhs, sizes))
+  np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+  if jax.default_backend() == "cpu":
+    assert np.isnan(theirs).all()
+
+
 @pytest.mark.parametrize("form", ["trans_rhs", "contracting"])
 def test_ragged_dot_general_forms(kernel, form, rng):
   """The two forms the backward runs, called directly, with a leading batch dimension."""

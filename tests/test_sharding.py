@@ -4,8 +4,8 @@ and, in a process of its own, the 8-device tests (`tests/sharding_on_8_devices.p
 This process has one device (the suite's). What runs here with the real interpreted
 Triton kernel: a sharded program on a 1-device mesh (Auto and Explicit axes, grad) and
 a shard_map with check_vma=True (grad). On 8 devices the kernels cannot run interpreted
-(see sharding_on_8_devices.py): there `backend="xla"` and the recorded local problems
-show what each kernel would get.
+under jit's partitioning (a clear NotImplementedError; see sharding_on_8_devices.py):
+there `backend="xla"` and the recorded local problems show what each kernel would get.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxgemm import sharding
 from jaxgemm.ops import activations
@@ -55,6 +56,33 @@ def check_epilogue(out_shape, out_dtype, bias, activation, residual, *, has_n=Tr
                       f"residual.dtype={jnp.result_type(residual).name}")
 
 
+def check_activation_dtype(activation, out_dtype, api_name: str) -> None:
+  """The TypeError the jnp expression raises where `activation` cannot take the result's
+  dtype (`jax.nn.silu` and `sigmoid` refuse integers), up front and naming what works.
+
+  >>> import numpy as np
+  >>> check_activation_dtype("relu", np.dtype("int32"), "glu")   # relu takes integers
+  """
+  def refusal(name):   # jax.nn's TypeError for `name` on out_dtype, or None
+    try:
+      jax.eval_shape(lambda z: activations.apply(name, z), jax.ShapeDtypeStruct((), out_dtype))
+    except TypeError as e:
+      return e
+    return None
+
+  if activation is None or jnp.issubdtype(out_dtype, jnp.inexact):   # jax.nn takes these
+    return
+  if (error := refusal(activation)) is None:
+    return
+  working = [name for name in activations.ACTIVATIONS if refusal(name) is None]
+  raise TypeError(
+      f"{api_name}: activation={activation!r} does not take the result's dtype "
+      f"{np.dtype(out_dtype).name}, and neither does the jnp expression "
+      f"({str(error).rstrip('.')}). Pass floating operands or "
+      f"preferred_element_type=jnp.float32, or one of the activations that take "
+      f"{np.dtype(out_dtype).name}: {working}")
+
+
 def fused_matmul(a, b, *, bias=None, activation=None, residual=None, precision=None,
                  preferred_element_type=None, out_sharding=None, backend="auto", variant=None,
                  config=None) -> jax.Array:
@@ -68,6 +96,7 @@ def fused_matmul(a, b, *, bias=None, activation=None, residual=None, precision=N
     ((2, 4, 16), 9.0)
   """
   dtype, out_dtype = matmul_api._dtypes(a, b, preferred_element_type)
+  check_activation_dtype(activation, out_dtype, "matmul")
   layout = matmul_api.canonical_layout(a, b)
   bias = None if bias is None else jnp.asarray(bias)
   residual = None if residual is None else jnp.asarray(residual)

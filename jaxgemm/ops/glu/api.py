@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgemm.ops import activations
-from jaxgemm.ops.fused_matmul.api import check_epilogue
+from jaxgemm.ops.fused_matmul.api import check_activation_dtype, check_epilogue
 from jaxgemm.ops.glu.primitive import bind
 from jaxgemm.ops.matmul import api as matmul_api
 
@@ -50,6 +50,7 @@ def glu(x, w_gate, w_up, *, activation: str = "silu", bias_gate=None, bias_up=No
     raise ValueError(f"glu takes x of ndim >= 1 and weights of ndim >= 2; got x.shape={x.shape}, "
                      f"w_gate.shape={w_gate.shape}")
   dtype, out_dtype = matmul_api._dtypes(x, w_gate, preferred_element_type)
+  check_activation_dtype(activation, out_dtype, "glu")
   if jnp.result_type(w_up) != jnp.result_type(w_gate):
     raise TypeError(f"w_up must have w_gate's dtype {w_gate.dtype}; got {w_up.dtype}")
   layout = matmul_api.canonical_layout(x, w_gate, "glu")

@@ -35,18 +35,28 @@ def _canonical_precision(precision) -> tuple[lax.Precision, lax.Precision] | Non
     precision = jax.config.jax_default_matmul_precision
     if precision is None:
       return None
+  given = precision
   if isinstance(precision, (str, lax.Precision)):
     precision = (precision, precision)
   if isinstance(precision, tuple) and len(precision) == 2:
     try:
-      return tuple(lax.Precision(p) if isinstance(p, str) else p for p in precision)
+      precision = tuple(lax.Precision(p) if isinstance(p, str) else p for p in precision)
     except ValueError:
       pass
     if all(isinstance(p, lax.Precision) for p in precision):
       return precision
+  _check_lax_takes(given)
   raise NotImplementedError(
       f"jaxgemm kernels take precision=None, a lax.Precision or a pair of them; "
-      f"got precision={precision!r} (backend='auto' hands it to lax.dot_general)")
+      f"got precision={given!r} (backend='auto' hands it to lax.dot_general)")
+
+
+def _check_lax_takes(precision) -> None:
+  """lax's own ValueError, which lists the valid precisions, for a `precision` that
+  jnp.matmul and lax.dot_general refuse as well (a value they take, such as a
+  lax.DotAlgorithmPreset, passes: the kernels' NotImplementedError is then the answer)."""
+  x = jax.ShapeDtypeStruct((1, 1), jnp.float32)
+  jax.eval_shape(lambda a, b: lax.dot(a, b, precision=precision), x, x)
 
 
 def _route(problem: GemmProblem | None, backend: str, variant, config,
@@ -105,11 +115,18 @@ def _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type, out_shardin
     return None, out_dtype
 
 
+def floating_dtypes_taken() -> str:
+  """What the backends take, for the error of a dtype none of them does: float64 is XLA's
+  alone (every kernel refuses it, naming its own dtypes, `registry.require_dtypes`)."""
+  kernels = [d.name for d in registry.FLOAT_DTYPES if d != np.float64]
+  return (f"jaxgemm's kernels take floating operands {kernels}, and backend='xla' float64 "
+          f"as well")
+
+
 def _problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b, precision):
   """The canonical problem, or None with a reason when matmul_p cannot take it."""
   if dtype not in registry.FLOAT_DTYPES or out_dtype not in registry.FLOAT_DTYPES:
-    return None, (f"jaxgemm kernels take floating operands {[d.name for d in registry.FLOAT_DTYPES]}; "
-                  f"got dtype={dtype.name}, out dtype={out_dtype.name}")
+    return None, f"{floating_dtypes_taken()}; got dtype={dtype.name}, out dtype={out_dtype.name}"
   try:
     precision = _canonical_precision(precision)
   except NotImplementedError as e:

@@ -20,7 +20,7 @@ from jax import lax
 
 from jaxgemm import dispatch, registry
 from jaxgemm.config import KernelConfig
-from jaxgemm.ops.matmul.api import _canonical_precision
+from jaxgemm.ops.matmul.api import _canonical_precision, floating_dtypes_taken
 from jaxgemm.ops.ragged_dot import schedule
 from jaxgemm.ops.ragged_dot.primitive import bind
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
@@ -51,8 +51,7 @@ def _kernel_problem(lhs, rhs, out_dtype, *, batch, groups, m, k, n, trans_rhs,
       return None, (f"the kernels need one operand dtype, and {lhs.dtype} x {rhs.dtype} "
                     f"promote to none")
   if dtype not in registry.FLOAT_DTYPES or out_dtype not in registry.FLOAT_DTYPES:
-    return None, (f"jaxgemm kernels take floating operands "
-                  f"{[d.name for d in registry.FLOAT_DTYPES]}; got lhs.dtype={lhs.dtype}, "
+    return None, (f"{floating_dtypes_taken()}; got lhs.dtype={lhs.dtype}, "
                   f"rhs.dtype={rhs.dtype}, out dtype={out_dtype.name}")
   try:
     precision = _canonical_precision(precision)
@@ -85,6 +84,12 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
   are zeros; a group's rows end at M. `group_sizes` is a device array: under
   `jax.jit` it can change every step with no recompile and no host sync, and an
   empty group costs nothing (its weights are not read).
+
+  NaN and Inf: the kernels (`triton`, `pallas`) never read an empty group's
+  weights nor the rows past the groups, so a NaN or Inf there does not reach the
+  result. `lax.ragged_dot` (`backend="xla"`, and `auto` wherever it runs XLA)
+  may spread one from an empty group's weights: on the CPU the whole result
+  became NaN. Matching it would mean reading weights no token uses.
 
   Differentiable in `lhs` and `rhs` (both backward GEMMs are grouped GEMMs on
   the same backend), and it composes with jit, grad, jvp and vmap.
@@ -171,7 +176,10 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
     lhs[rows g]^T @ rhs[rows g] (a mixture-of-experts weight gradient).
 
   Other dimension numbers run on lax under backend="auto" and raise
-  NotImplementedError for a named backend.
+  NotImplementedError for a named backend. `ragged_dot_dimension_numbers` is a
+  `lax.RaggedDotDimensionNumbers` (TypeError otherwise). As in `ragged_dot`,
+  the kernels read only the groups' own rows and weights: a NaN in an empty
+  group's weights does not reach their result, where lax's may.
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm
@@ -183,6 +191,14 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
   """
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
   numbers = ragged_dot_dimension_numbers
+  if not isinstance(numbers, lax.RaggedDotDimensionNumbers):
+    # lax reads its fields by name and fails with an AttributeError on anything else.
+    raise TypeError(
+        f"ragged_dot_general: ragged_dot_dimension_numbers must be a "
+        f"lax.RaggedDotDimensionNumbers, e.g. {RAGGED_DOT_NUMBERS} (ragged_dot's); got "
+        f"{type(numbers).__name__} {numbers!r}. A tuple of its three fields "
+        f"(dot_dimension_numbers, lhs_ragged_dimensions, rhs_group_dimensions) converts "
+        f"with lax.RaggedDotDimensionNumbers(*numbers).")
   layout, why_not = _layout(lhs.shape, rhs.shape, numbers)
   problem = None
   if layout is not None:

@@ -61,7 +61,10 @@ class Fp8Recipe:
   Attributes:
     scaling: "tensor" (one scale per operand) or "block" (1x128 activation and
       gradient blocks, 128x128 weight blocks: the DeepSeek-V3 recipe; see
-      `jaxgemm.ops.scaled_matmul.training`).
+      `jaxgemm.ops.scaled_matmul.training`). A NaN or Inf makes its scale NaN
+      (the scale is the amax over the values it covers): per tensor, one NaN in
+      x or w makes the whole output NaN (a bf16 GEMM: its row or column only);
+      with blocks, the outputs its block feeds (a 1x128 block of x: its row).
     dtype: the fp8 type of X and W (float8_e4m3fn: 3 mantissa bits, max 448).
     grad_dtype: the fp8 type of dY. float8_e5m2 (2 mantissa bits, max 57344)
       spans the wider range a gradient needs under one per-tensor scale; with
