@@ -459,6 +459,13 @@ def test_cpu_report_says_not_gpu_and_has_plots(cpu_run):
     assert f"| tiny | {p.name} |" in defaults
   assert "xla/dot_general (fallback)" in defaults and "- training step" in defaults
   assert "#### Ladder: backend `auto`" not in report
+  # the targets are GPU numbers: a CPU run neither meets nor misses them
+  assert "target n/a (not a GPU run)" in defaults and "NOT met" not in report
+  # a training step's ratio shows the two times it is made of (XLA's timed beside it)
+  step = {r["backend"]: r for r in csvio.read_csv(cpu_run / "results.csv")
+          if r["kind"] == "train_step"}["auto"]
+  times = f"(XLA {float(step['xla_time_ms']):.3f} / {float(step['time_ms_median']):.3f} ms)"
+  assert times in next(x for x in report.splitlines() if x.startswith("| auto/default | ok |"))
   tables = (cpu_run / "README_TABLES.md").read_text()
   assert "NOT GPU TIMINGS" in tables and "#### Defaults (backend='auto') vs XLA" in tables
   # the README's block is for users: the ladders are in docs/ladders.md
@@ -585,7 +592,7 @@ def test_report_shows_the_default_apart_from_the_backends(tmp_path):
   g = math.exp(((n - 1) * math.log(1.05) + math.log(0.95)) / n)
   assert (f"- square + llm (bf16): geomean {g:.2f}x over {n} problems, min 0.95x "
           f"({AUTO_SLOW}), 1 below 0.97x: target NOT met.") in sec
-  assert "XLA's 10.000 ms (1.05x): target met." in sec
+  assert "XLA's 10.000 ms timed beside it (1.05x): target met." in sec
   assert f"| llm | {AUTO_SLOW} |" in sec and "**700 (0.95x)**" not in sec
   assert "**665.0 (0.95x)**" in sec and "tri/best (table)" in sec
   assert "| skinny |" not in sec   # per-problem rows: the target's suites only
@@ -672,7 +679,8 @@ def test_targets_table_reads_each_target_off_the_run():
   def row(backend, variant, s, status="ok"):
     return {"kind": "gemm", "suite": "square", "problem": "sq8192", "dtype": "bf16",
             "m": 8192, "k": 8192, "n": 8192, "backend": backend, "variant": variant,
-            "status": status, "speedup_vs_xla": s, "tflops": 800 * s}
+            "status": status, "speedup_vs_xla": s, "tflops": 800 * s,
+            "platform": "gpu"}     # the targets are GPU numbers (a CPU run's are n/a)
   run = view.Run([row(runner.REF, runner.REF_VARIANT, ""), row("triton", "persistent", 0.98),
                row("triton", "tensorcore", 0.91), row("pallas", "clusters", 0.99),
                row("pallas", "pipelined", 1.5, status="fail")])

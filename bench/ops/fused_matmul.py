@@ -14,8 +14,8 @@ import numpy as np
 from ..entry import BenchOp, Section, Suite
 from ..problems import LLM_LAYERS, dtype_of
 from ..report.csvio import AUTO, num
-from ..report.markdown import (backends_in, base_suite, fmt_x, pick, ref_step, shape, table,
-                               verdict)
+from ..report.markdown import (backends_in, base_suite, fmt_x, pick, ref_step, shape,
+                               step_vs_xla, table, verdict)
 
 # ---------------------------------------------------------------- epilogue (issue 27)
 # A GEMM and what follows it in a transformer layer, as one expression: a bias, an
@@ -310,7 +310,8 @@ EPILOGUE_TARGETS_NOTE = (
     "Each target against XLA's jitted program of the same jnp expression, timed in the same "
     "run; cells: each backend's fastest correct variant, time (vs XLA). `met` where a jaxgemm "
     "kernel (not the `xla` backend) reaches it; the SwiGLU training step's target is the "
-    "default's (`backend='auto'`), with its losses agreeing with XLA's model.")
+    "default's (`backend='auto'`), with its losses agreeing with XLA's model; its cells: the "
+    "speedup (XLA's step timed beside it / its own).")
 EPILOGUE_TABLE_NOTE = (
     "Cells: time per call (CUPTI on a GPU) and, for kernels, XLA's program's time over "
     "theirs (> 1: faster). XLA's column also gives its time over its bare `x @ w` at the "
@@ -356,11 +357,11 @@ def epilogue_targets_table(run) -> list[str]:
       if not ok:
         cells.append("/".join(sorted({r["status"] for r in rr})) or "-")
         if b == AUTO and any(r["status"] == "fail" for r in rr):
-          outcome = "**missed** (losses disagree)"
+          outcome = "**missed** (losses disagree)" if run.on_gpu else "**losses disagree**"
         continue
       r = max(ok, key=lambda r: num(r["speedup_vs_xla"]))
       s = num(r["speedup_vs_xla"])
-      cells.append(f"{num(r['time_ms_median']):.2f} ms ({fmt_x(s)})")
+      cells.append(step_vs_xla(r, 2))
       if b == AUTO:
         outcome = verdict(run, s >= EPILOGUE_TRAIN_TARGET)
     rows.append([f"SwiGLU training step ({model}), default", f">= {EPILOGUE_TRAIN_TARGET:.2f}x",

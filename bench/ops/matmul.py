@@ -12,8 +12,8 @@ from collections import defaultdict
 from .. import problems as P
 from ..entry import BenchOp, Section, Suite
 from ..report.csvio import AUTO, num
-from ..report.markdown import (DEFAULT_FLOOR, auto_stats, base_suite, cell_t, fmt_t, fmt_x,
-                               shape, table, verdict)
+from ..report.markdown import (DEFAULT_FLOOR, NOT_APPLICABLE, auto_stats, base_suite, cell_t,
+                               fmt_t, fmt_x, shape, table, verdict)
 
 TRAINING = "training"   # the training suite: a model's step, not a table of GEMMs
 
@@ -58,7 +58,10 @@ def _default_suites(run) -> tuple[list[str], bool]:
   return [s for s in ran if base_suite(s) in OWN_SUITES] or ran, False
 
 
-def _met(ok: bool) -> str:
+def _met(run, ok: bool) -> str:
+  """The defaults' verdict; off a GPU the target (a GPU number) does not apply."""
+  if not run.on_gpu:
+    return f"target {NOT_APPLICABLE}"
   return "target met" if ok else "target NOT met"
 
 
@@ -85,7 +88,7 @@ def defaults_summary(run) -> list[str]:
     if d["bad"]:
       text += f", {d['bad']} failed/errored"
     if is_target:
-      text += ": " + _met(d["geomean"] >= DEFAULT_TARGET and d["min"] >= DEFAULT_FLOOR
+      text += ": " + _met(run, d["geomean"] >= DEFAULT_TARGET and d["min"] >= DEFAULT_FLOOR
                           and not d["bad"])
     out.append(text + ".")
   for r in steps:
@@ -94,10 +97,11 @@ def defaults_summary(run) -> list[str]:
       bad = r["status"] in ("fail", "error")   # a skipped step is unmeasured, not a miss
       out.append(f"- training step ({r['problem']}): {r['status']}"
                  + (f" ({r['note']})" if r.get("note") else "")
-                 + (f": {_met(False)}." if bad else "."))
+                 + (f": {_met(run, False)}." if bad else "."))
       continue
     out.append(f"- training step ({r['problem']}): {num(r['time_ms_median']):.3f} ms against "
-               f"XLA's {num(r['xla_time_ms']):.3f} ms ({fmt_x(s)}): {_met(s >= 1.0)}.")
+               f"XLA's {num(r['xla_time_ms']):.3f} ms timed beside it ({fmt_x(s)}): "
+               f"{_met(run, s >= 1.0)}.")
   return out
 
 

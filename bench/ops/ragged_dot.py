@@ -14,8 +14,8 @@ import numpy as np
 from ..entry import BenchOp, Section, Suite
 from ..problems import dtype_of
 from ..report.csvio import AUTO, REF, num
-from ..report.markdown import (backends_in, base_suite, cell_t, fmt_t, fmt_x, pick, ref_step, shape, table,
-                               us, verdict)
+from ..report.markdown import (backends_in, base_suite, cell_t, fmt_t, fmt_x, pick, ref_step,
+                               shape, step_vs_xla, table, us, verdict)
 
 OP = "ragged_dot"
 # jax's example grouped GEMM kernel (bench/moe.py measures it on forward problems): a peer
@@ -183,7 +183,7 @@ MOE_TARGETS_NOTE = (
     "the `xla` backend) reaches it. TFLOP/s count 2 M K N; the roofline is the minimum bytes "
     "(lhs, the weights of the experts that have tokens, the output) over the time, against "
     "the run's measured copy bandwidth; a backward GEMM is compared with the same backend's "
-    "forward.")
+    "forward. The training step's cells: its speedup (XLA's step timed beside it / its own).")
 MOE_TABLE_NOTE = (
     "`G (with tokens)`: experts, and those with tokens (a Dirichlet(2) split of M, fixed "
     "seed). `call`: fwd `ragged_dot` (M,K)x(G,K,N); dgrad (M,N)x(G,K,N)^T -> (M,K); wgrad "
@@ -321,7 +321,7 @@ def moe_targets_table(run) -> list[str]:
           continue
         r = max(ok, key=lambda r: num(r["speedup_vs_xla"]))
         s = num(r["speedup_vs_xla"])
-        cells.append(f"{fmt_x(s)} ({num(r['time_ms_median']):.2f} ms)")
+        cells.append(step_vs_xla(r, 2))
         if b in ours:
           values.append(s)
       label = f"MoE training step ({model})"

@@ -22,6 +22,9 @@ NOT_GPU_BANNER = ("**NOT GPU TIMINGS: no GPU was found.** These numbers come fro
                   "and the kernels' CPU interpreters on tiny problems; they check that the "
                   "benchmark and the kernels run and agree with XLA, and say nothing about "
                   "GPU performance.")
+# A target's verdict on a run without a GPU: the targets are GPU numbers, which a CPU run
+# (XLA:CPU and the interpreters) neither meets nor misses.
+NOT_APPLICABLE = "n/a (not a GPU run)"
 
 
 def geomean(xs):
@@ -114,8 +117,22 @@ def auto_stats(run, suites) -> dict:
 
 
 def verdict(run, met: bool) -> str:
-  """A targets table's last cell: 'met' or '**missed**'."""
+  """A targets table's last cell: 'met' or '**missed**'; NOT_APPLICABLE off a GPU."""
+  if not run.on_gpu:
+    return NOT_APPLICABLE
   return "met" if met else "**missed**"
+
+
+def step_vs_xla(r: dict, digits: int = 3) -> str:
+  """'1.05x (XLA 12.350 / 11.760 ms)': a training step's speedup over XLA's and the two
+  times it is made of, XLA's step timed beside it (interleaved: `xla_time_ms`) over its
+  own. XLA's own row is timed alone, so its time is not the ratio's numerator."""
+  s, xla, own = (num(r.get(k)) for k in ("speedup_vs_xla", "xla_time_ms", "time_ms_median"))
+  if s is None:
+    return "-"
+  if xla is None or own is None:
+    return fmt_x(s)
+  return f"{fmt_x(s)} (XLA {xla:.{digits}f} / {own:.{digits}f} ms)"
 
 
 def ref_step(steps: list[dict], model: str) -> dict | None:

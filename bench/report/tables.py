@@ -18,7 +18,7 @@ from pathlib import Path
 from ..suites import ENTRIES, entry_of
 from .csvio import PROVENANCE, REF, num
 from .markdown import (DEFAULT_FLOOR, NOT_GPU_BANNER, auto_stats, cell_t, fmt_t, fmt_x,
-                       geomean, table)
+                       geomean, step_vs_xla, table)
 from .plots import PLOTS
 from .view import Run
 
@@ -139,7 +139,7 @@ def _training_table(steps: list[dict]) -> list[str]:
     w = num(r.get("step_wall_ms"))
     rows.append([who, r["status"], f"{t:.3f}" if t else "-", f"{w:.3f}" if w else "-",
                  f"{num(r['tokens_per_s']):,.0f}" if num(r["tokens_per_s"]) else "-",
-                 fmt_x(num(r["speedup_vs_xla"])),
+                 step_vs_xla(r),
                  f"{num(r['loss_first']):.4f} -> {num(r['loss_last']):.4f}" if num(r["loss_first"]) else "-",
                  f"{num(r['loss_max_rel_diff']):.2e}" if num(r["loss_max_rel_diff"]) is not None else "-",
                  *(cell(r) for _, cell in extra),
@@ -148,7 +148,7 @@ def _training_table(steps: list[dict]) -> list[str]:
   head = steps[0]
   return [f"Model: {head['problem_note']} ({head['problem']}).", "",
           *table(["GEMMs", "status", "step ms (median, run timer)", "step ms (wall, training loop)",
-                  "tokens/s", "vs XLA",
+                  "tokens/s", "vs XLA (XLA's step timed beside it / this step)",
                   "loss first -> last", "max loss rel diff vs XLA",
                   *(header for header, _ in extra), "step-0 grad rel err", "agree"], rows)]
 
