@@ -43,8 +43,8 @@ def _collect() -> list[BenchOp]:
   for e in entries:
     for s in e.suites:
       if s.name in seen or s.name == "default":
-        raise ValueError(f"suite {s.name!r} of bench/ops/{e.name}.py is also "
-                         f"{'bench/ops/' + seen[s.name] + '.py' if s.name in seen else 'reserved'}'s")
+        other = f"bench/ops/{seen[s.name]}.py's" if s.name in seen else "reserved"
+        raise ValueError(f"suite {s.name!r} of bench/ops/{e.name}.py is also {other}")
       seen[s.name] = e.name
   return entries
 

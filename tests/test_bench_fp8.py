@@ -113,7 +113,8 @@ def test_problem_bytes_flops_and_columns():
   f = p.csv_fields("bf16")
   assert (f["scaling"], f["fp8_dtypes"], f["xla_ref"], f["layout"], f["layer"]) == (
       "block", "e4m3xe4m3", SM.REF_BLOCK, "NN", "m128.k4096.n14336")
-  assert SM.Fp8Problem("s", "x", "x", "tensor", 4, 8, 16).csv_fields("bf16")["xla_ref"] == SM.REF_TENSOR
+  tensor = SM.Fp8Problem("s", "x", "x", "tensor", 4, 8, 16)
+  assert tensor.csv_fields("bf16")["xla_ref"] == SM.REF_TENSOR
   prob = F.scaled_problem(p)
   assert (prob.m, prob.k, prob.n, prob.scale_kind, prob.out_dtype) == (m, k, n, "block",
                                                                        jnp.dtype(jnp.bfloat16))
