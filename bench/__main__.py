@@ -10,7 +10,7 @@
     python -m bench history bench/results/<run>/results.csv  # into bench/results/history.csv
 
 Also installed as the console script `jaxgemm-bench`. This module only picks
-the subcommand; each lives in its own module (`run`, `report`, `tune`,
+the subcommand; each lives in its own module (`run`, `report.make`, `tune`,
 `history`) with a `main(argv)`, and none imports this one.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUBCOMMANDS = ("run", "report", "tune", "history")
+# subcommand -> the module (of this package) whose main(argv) it is
+SUBCOMMANDS = {"run": "run", "report": "report.make", "tune": "tune", "history": "history"}
 
 
 def main(argv=None) -> int:
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
   name = "run"                     # no subcommand named: options of `run`
   if argv and argv[0] in SUBCOMMANDS:
     name, argv = argv[0], argv[1:]
-  return importlib.import_module(f".{name}", __package__).main(argv)
+  return importlib.import_module(f".{SUBCOMMANDS[name]}", __package__).main(argv)
 
 
 if __name__ == "__main__":

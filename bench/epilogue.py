@@ -55,6 +55,9 @@ from jaxgemm.ops.matmul.problem import GemmProblem
 
 from . import problems as P
 from . import runner as R
+from . import training as T
+from .ops.fused_matmul import EpilogueProblem, Expression
+from .runner import SuiteOptions
 
 OP = "fused_matmul"
 REF_VARIANT, REF_VARIANT_BWD = "jnp", "jnp+vjp"
@@ -62,7 +65,7 @@ REF_VARIANT, REF_VARIANT_BWD = "jnp", "jnp+vjp"
 
 # ---------------------------------------------------------------- the expressions
 
-def xla_expression(e: P.Expression, precision=None) -> Callable:
+def xla_expression(e: Expression, precision=None) -> Callable:
   """The jnp expression XLA compiles: f(x, w[, wu][, b][, residual])."""
   def dot(x, w):
     return jnp.matmul(x, w, precision=precision)
@@ -84,7 +87,7 @@ def xla_expression(e: P.Expression, precision=None) -> Callable:
   return expr
 
 
-def kernel_expression(e: P.Expression, backend: str, variant: str | None,
+def kernel_expression(e: Expression, backend: str, variant: str | None,
                       precision=None) -> Callable:
   """The same expression through jaxgemm's public API on (backend, variant)."""
   kw = dict(precision=precision, backend=backend, variant=variant)
@@ -103,7 +106,7 @@ def kernel_expression(e: P.Expression, backend: str, variant: str | None,
   return fused
 
 
-def with_backward(f: Callable, bp: P.EpilogueProblem) -> Callable:
+def with_backward(f: Callable, bp: EpilogueProblem) -> Callable:
   """fwd+bwd mode: (x, w..., dy) -> (y, dx, dw...[, db]) through jax.vjp; fwd: f."""
   if not bp.backward:
     return f
@@ -116,11 +119,11 @@ def with_backward(f: Callable, bp: P.EpilogueProblem) -> Callable:
   return forward_backward
 
 
-def ref_fn(bp: P.EpilogueProblem, dtype_name: str) -> Callable:
+def ref_fn(bp: EpilogueProblem, dtype_name: str) -> Callable:
   return with_backward(xla_expression(bp.expression, R.precision_of(dtype_name)), bp)
 
 
-def kernel_fn(bp: P.EpilogueProblem, dtype_name: str, backend: str, variant: str) -> Callable:
+def kernel_fn(bp: EpilogueProblem, dtype_name: str, backend: str, variant: str) -> Callable:
   """jaxgemm's (backend, variant) on the problem; (AUTO, ...) and the "(default)" variant
   pass variant=None, as a user naming none does."""
   v = None if backend == R.AUTO or variant == R.DEFAULT_VARIANT else variant
@@ -128,7 +131,7 @@ def kernel_fn(bp: P.EpilogueProblem, dtype_name: str, backend: str, variant: str
                                          R.precision_of(dtype_name)), bp)
 
 
-def forward_problem(bp: P.EpilogueProblem, dtype_name: str):
+def forward_problem(bp: EpilogueProblem, dtype_name: str):
   """The canonical problem of the expression's forward call (what `dispatch` chooses for)."""
   g = R.gemm_problem(bp, dtype_name)
   fields = {f.name: getattr(g, f.name) for f in dataclasses.fields(GemmProblem)}
@@ -141,7 +144,7 @@ def forward_problem(bp: P.EpilogueProblem, dtype_name: str):
                             bias="shared" if e.bias else None, residual=e.residual)
 
 
-def input_scales(bp: P.EpilogueProblem) -> list[float]:
+def input_scales(bp: EpilogueProblem) -> list[float]:
   """Each operand's scale: the weights 1 / sqrt(K), the rest 1."""
   w = bp.expression.weights
   n = len(bp.input_shapes())
@@ -246,20 +249,21 @@ class EpilogueMeasured(R.Measured):
 EPILOGUE = EpilogueMeasured()
 
 
-# A lent GPU runs one command for at most 10 minutes. Where no --time-budget is named,
-# a GPU run of only epilogue suites takes this one (run.py): no problem starts after
-# GPU_TIME_BUDGET_S - runner.TRAINING_RESERVE_S seconds, and no training run (XLA's, or a
-# backend's: about 30-60 s each with its compile) after GPU_TIME_BUDGET_S.
-GPU_TIME_BUDGET_S = 450.0
-
-
-def run_epilogue_suite(ctx: R.Context, suite: str, probs: list[P.EpilogueProblem],
+def run_epilogue_suite(ctx: R.Context, suite: str, probs: list[EpilogueProblem],
                        backends: list[str], variants_policy, *, training_cfg=None,
                        quick: bool = False, training: bool = True) -> list[dict]:
   """The suite's expressions, then (with `training`) its SwiGLU training step
-  (`runner.run_suite_then_training`: under a time budget the problems leave
-  `runner.TRAINING_RESERVE_S` of it to the step)."""
-  from . import training as T  # noqa: PLC0415
+  (`training.run_suite_then_training`: under a time budget the problems leave
+  `training.TRAINING_RESERVE_S` of it to the step)."""
   model = (training_cfg or T.swiglu_model(ctx.on_gpu, quick)) if training else None
-  return R.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
+  return T.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
                                    ops=EPILOGUE, model=model, label="SwiGLU")
+
+
+def run_suite(ctx: R.Context, suite: str, probs: list[EpilogueProblem], backends: list[str],
+              variants_policy, options: SuiteOptions) -> list[dict]:
+  """An epilogue suite (bench/ops/fused_matmul.py): its problems, then its SwiGLU step
+  (unless --only names other problems only, as for the moe suites)."""
+  cfg = T.model_for(T.swiglu_model(ctx.on_gpu, options.quick), options)
+  return run_epilogue_suite(ctx, suite, probs, backends, variants_policy, training_cfg=cfg,
+                            quick=options.quick, training=options.runs(cfg.name))

@@ -50,15 +50,11 @@ from jax import lax
 import jaxgemm
 from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem
 
-from . import problems as P
 from . import runner as R
+from . import training as T
+from .ops.scaled_matmul import BF16_DOT, FP8_DOT, OP, PEER, Fp8Problem, ref_variant
+from .runner import SuiteOptions
 
-OP = "scaled_matmul"
-# XLA's scaled form (the reference): the `xla_dot` row's variant, and every row's `xla_ref`.
-REF_TENSOR, REF_BLOCK = "dot_f32*scales", "scaled_matmul[xla]"
-# XLA's other programs of the problem, measured beside the kernels (not jaxgemm backends).
-PEER = "xla_peer"
-FP8_DOT, BF16_DOT = "fp8_dot", "bf16_dot"
 OUT = jnp.bfloat16
 ARITY = 6   # a8, b8, a_scale, b_scale, a16, b16
 
@@ -75,17 +71,12 @@ ARITY = 6   # a8, b8, a_scale, b_scale, a16, b16
 TOLERANCE = 2.0**-8 + 2.0**-10
 
 
-def ref_variant(bp: P.Fp8Problem) -> str:
-  """The name of XLA's scaled form for the problem (module docstring, step 2)."""
-  return REF_TENSOR if bp.scaling == "tensor" else REF_BLOCK
-
-
-def _dot(bp: P.Fp8Problem, a, b, out, precision=None):
+def _dot(bp: Fp8Problem, a, b, out, precision=None):
   return lax.dot_general(a, b, bp.dimension_numbers(), precision=precision,
                          preferred_element_type=out)
 
 
-def ref_fn(bp: P.Fp8Problem) -> Callable:
+def ref_fn(bp: Fp8Problem) -> Callable:
   """XLA's scaled form: the per-tensor jnp expression, or the xla backend's block loop."""
   if bp.scaling == "tensor":
     def xla_scaled(a8, b8, sa, sb, *_):
@@ -98,7 +89,7 @@ def ref_fn(bp: P.Fp8Problem) -> Callable:
   return xla_block_scaled
 
 
-def kernel_fn(bp: P.Fp8Problem, backend: str, variant: str | None) -> Callable:
+def kernel_fn(bp: Fp8Problem, backend: str, variant: str | None) -> Callable:
   """jaxgemm.scaled_matmul on (backend, variant); AUTO and "(default)": variant=None."""
   v = None if backend == R.AUTO or variant in (R.AUTO_VARIANT, R.DEFAULT_VARIANT) else variant
 
@@ -108,7 +99,7 @@ def kernel_fn(bp: P.Fp8Problem, backend: str, variant: str | None) -> Callable:
   return scaled
 
 
-def peer_fn(bp: P.Fp8Problem, variant: str) -> Callable:
+def peer_fn(bp: Fp8Problem, variant: str) -> Callable:
   """XLA's fp8 dot with no scales, or its bf16 dot of the dequantized values."""
   if variant == FP8_DOT:
     def fp8_dot(a8, b8, *_):
@@ -130,7 +121,7 @@ def dequantize(q, scale, block):
   return q * full[:rows, :cols]
 
 
-def exact_fn(bp: P.Fp8Problem, scaled: bool = True) -> Callable:
+def exact_fn(bp: Fp8Problem, scaled: bool = True) -> Callable:
   """The exact product of the dequantized operands (fp32, HIGHEST; unrounded), or with
   `scaled=False` of the fp8 values themselves (the fp8 dot's check)."""
   def exact(a8, b8, sa, sb, *_):
@@ -142,7 +133,7 @@ def exact_fn(bp: P.Fp8Problem, scaled: bool = True) -> Callable:
   return exact
 
 
-def make_inputs(bp: P.Fp8Problem, n_rot: int, seed: int) -> list:
+def make_inputs(bp: Fp8Problem, n_rot: int, seed: int) -> list:
   """`n_rot` sets of (a8, b8, a_scale, b_scale, a16, b16): normal(0, 1) drawn in float32 on
   the device, quantized as the problem says, and the dequantized values in bf16."""
   def one(key):
@@ -170,7 +161,7 @@ def make_inputs(bp: P.Fp8Problem, n_rot: int, seed: int) -> list:
                                 for x in (*one_set, *dequantized(*one_set))])
 
 
-def scaled_problem(bp: P.Fp8Problem) -> ScaledMatmulProblem:
+def scaled_problem(bp: Fp8Problem) -> ScaledMatmulProblem:
   """The canonical problem `jaxgemm.scaled_matmul` makes of `bp` (what dispatch chooses for)."""
   return ScaledMatmulProblem(1, bp.m, bp.n, bp.k, jnp.dtype(bp.a_dtype), jnp.dtype(OUT),
                              np.dtype(np.float32), bp.trans_a, bp.trans_b, None,
@@ -239,23 +230,21 @@ class ScaledMatmulMeasured(R.Measured):
 SCALED_MATMUL = ScaledMatmulMeasured()
 
 
-# A lent GPU runs one command for at most 10 minutes. Where no --time-budget is named, a
-# GPU run of only fp8 suites takes this one (run.py): no problem starts after
-# GPU_TIME_BUDGET_S - runner.TRAINING_RESERVE_S seconds, no training run after GPU_TIME_BUDGET_S.
-# Less than the other suites' 450 s: the FP8 step's last run, the xla backend's block
-# recipe (a fori_loop over K blocks per GEMM, ~0.4 s a step at d_model 4096 by the
-# estimate in bench/README.md), takes ~60-90 s where the others take 20-40 s (the H100's
-# d_model 1024 steps compiled in 3-24 s: bench/results/h100-epilogue-2026-11-25d).
-GPU_TIME_BUDGET_S = 420.0
-
-
-def run_fp8_suite(ctx: R.Context, suite: str, probs: list[P.Fp8Problem], backends: list[str],
+def run_fp8_suite(ctx: R.Context, suite: str, probs: list[Fp8Problem], backends: list[str],
                   variants_policy, *, training_cfg=None, quick: bool = False,
                   training: bool = True) -> list[dict]:
   """The suite's FP8 GEMMs, then (with `training`) its FP8 training step
-  (`runner.run_suite_then_training`: under a time budget the problems leave
-  `runner.TRAINING_RESERVE_S` of it to the step)."""
-  from . import training as T  # noqa: PLC0415
+  (`training.run_suite_then_training`: under a time budget the problems leave
+  `training.TRAINING_RESERVE_S` of it to the step)."""
   model = (training_cfg or T.fp8_model(ctx.on_gpu, quick)) if training else None
-  return R.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
+  return T.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
                                    ops=SCALED_MATMUL, model=model, label="FP8")
+
+
+def run_suite(ctx: R.Context, suite: str, probs: list[Fp8Problem], backends: list[str],
+              variants_policy, options: SuiteOptions) -> list[dict]:
+  """An fp8 suite (bench/ops/scaled_matmul.py): its FP8 GEMMs, then its FP8 step (unless
+  --only names other problems only, as for the moe suites)."""
+  cfg = T.model_for(T.fp8_model(ctx.on_gpu, options.quick), options)
+  return run_fp8_suite(ctx, suite, probs, backends, variants_policy, training_cfg=cfg,
+                       quick=options.quick, training=options.runs(cfg.name))

@@ -51,11 +51,11 @@ from jaxgemm.ops.ragged_dot.primitive import example_group_sizes
 
 from . import problems as P
 from . import runner as R
+from . import training as T
+from .ops.ragged_dot import EXAMPLE, EXAMPLE_VARIANT, OP, MoeProblem
+from .runner import SuiteOptions
 
-OP = "ragged_dot"
 REF_VARIANT = "lax.ragged_dot_general"   # lax.ragged_dot for forward problems
-EXAMPLE = "jax_example"
-EXAMPLE_VARIANT = "ragged_dot_mgpu"
 EXAMPLE_MODULE = "jax.experimental.pallas.ops.gpu.ragged_dot_mgpu"
 # jax's example kernel's block configs: (block_m, block_n, block_k,
 # max_concurrent_steps, grid_block_n); a config whose tiles do not divide the
@@ -71,7 +71,7 @@ EXAMPLE_CONFIGS = (
 EXAMPLE_FIELDS = ("block_m", "block_n", "block_k", "max_concurrent_steps", "grid_block_n")
 
 
-def group_sizes(mp: P.MoeProblem, seed: int) -> np.ndarray:
+def group_sizes(mp: MoeProblem, seed: int) -> np.ndarray:
   """(G,) int32: the problem's fixed sizes, else a Dirichlet(2) split of its M tokens
   (`example_group_sizes`), the same for a layer's three GEMMs and on every machine."""
   if mp.group_sizes is not None:
@@ -86,7 +86,7 @@ def group_sizes(mp: P.MoeProblem, seed: int) -> np.ndarray:
     return np.asarray(example_group_sizes(problem, jax.random.key(seed)))[0].astype(np.int32)
 
 
-def ragged_problem(mp: P.MoeProblem, dtype_name: str) -> jaxgemm.RaggedDotProblem:
+def ragged_problem(mp: MoeProblem, dtype_name: str) -> jaxgemm.RaggedDotProblem:
   """The canonical problem `jaxgemm.ragged_dot(_general)` makes of `mp`."""
   dt = np.dtype(P.dtype_of(dtype_name))
   prec = R.precision_of(dtype_name)
@@ -98,7 +98,7 @@ def ragged_problem(mp: P.MoeProblem, dtype_name: str) -> jaxgemm.RaggedDotProble
                                   precision=None if prec is None else (prec, prec))
 
 
-def ref_fn(mp: P.MoeProblem, dtype_name: str) -> Callable:
+def ref_fn(mp: MoeProblem, dtype_name: str) -> Callable:
   """XLA's own grouped GEMM: lax.ragged_dot (fwd) or lax.ragged_dot_general."""
   prec = R.precision_of(dtype_name)
   out = P.dtype_of(dtype_name)
@@ -114,7 +114,7 @@ def ref_fn(mp: P.MoeProblem, dtype_name: str) -> Callable:
   return xla_ragged_dot_general
 
 
-def kernel_fn(mp: P.MoeProblem, dtype_name: str, backend: str, variant: str) -> Callable:
+def kernel_fn(mp: MoeProblem, dtype_name: str, backend: str, variant: str) -> Callable:
   """jaxgemm's kernel (backend, variant) through the public API; (AUTO, AUTO_VARIANT): as
   a user calls it by default (backend="auto", no variant)."""
   prec = R.precision_of(dtype_name)
@@ -143,7 +143,7 @@ def example_fn(config: tuple) -> Callable:
   return example
 
 
-def example_configs(mp: P.MoeProblem) -> list[tuple]:
+def example_configs(mp: MoeProblem) -> list[tuple]:
   return [c for c in EXAMPLE_CONFIGS
           if mp.k % c[2] == 0 and mp.n % (c[1] * c[4]) == 0]
 
@@ -164,7 +164,7 @@ class RaggedDotMeasured(R.Measured):
   def ref_variant(self, mp):
     return "lax.ragged_dot" if mp.mode == "fwd" else REF_VARIANT
 
-  def prepare(self, ctx, mp: P.MoeProblem, dtype_name):
+  def prepare(self, ctx, mp: MoeProblem, dtype_name):
     """The problem with its group sizes drawn (`group_sizes`) and `active_groups` set."""
     sizes = group_sizes(mp, ctx.seed)
     if sizes.shape != (mp.groups,) or sizes.sum() > mp.m or (sizes < 0).any():
@@ -247,20 +247,21 @@ def run_example(ctx, mp, dtype_name, bufs, refs, ref_compiled, n_rot, solo_ref_m
   return best
 
 
-# A lent GPU runs one command for at most 10 minutes. Where no --time-budget is named,
-# a GPU run of only moe suites takes this one (run.py): no problem starts after
-# GPU_TIME_BUDGET_S - runner.TRAINING_RESERVE_S seconds, and no training run (XLA's, or a
-# backend's: about 30-60 s each with its compile) after GPU_TIME_BUDGET_S.
-GPU_TIME_BUDGET_S = 450.0
-
-
-def run_moe_suite(ctx: R.Context, suite: str, probs: list[P.MoeProblem], backends: list[str],
+def run_moe_suite(ctx: R.Context, suite: str, probs: list[MoeProblem], backends: list[str],
                   variants_policy, *, training_cfg=None, quick: bool = False,
                   training: bool = True) -> list[dict]:
   """The suite's grouped GEMMs, then (with `training`) its MoE training step
-  (`runner.run_suite_then_training`: under a time budget the problems leave
-  `runner.TRAINING_RESERVE_S` of it to the step)."""
-  from . import training as T  # noqa: PLC0415
+  (`training.run_suite_then_training`: under a time budget the problems leave
+  `training.TRAINING_RESERVE_S` of it to the step)."""
   model = (training_cfg or T.moe_model(ctx.on_gpu, quick)) if training else None
-  return R.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
+  return T.run_suite_then_training(ctx, suite, probs, backends, variants_policy,
                                    ops=RAGGED_DOT, model=model, label="MoE")
+
+
+def run_suite(ctx: R.Context, suite: str, probs: list[MoeProblem], backends: list[str],
+              variants_policy, options: SuiteOptions) -> list[dict]:
+  """A moe suite (bench/ops/ragged_dot.py): its problems, then its MoE step, which runs
+  unless --only names other problems only ('*.wgrad': no step; 'moe.*': the step alone)."""
+  cfg = T.model_for(T.moe_model(ctx.on_gpu, options.quick), options)
+  return run_moe_suite(ctx, suite, probs, backends, variants_policy, training_cfg=cfg,
+                       quick=options.quick, training=options.runs(cfg.name))

@@ -9,14 +9,16 @@ interpreters, labelled as not GPU timings.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import datetime
+import fnmatch
+import importlib
 import re
 import time
 from collections import Counter
 from pathlib import Path
 
-from . import problems as P
+from . import suites as S
+from .problems import DTYPES
 from .report.csvio import RESULTS
 
 
@@ -30,10 +32,10 @@ def _parser() -> argparse.ArgumentParser:
                   "tune` (the shipped table), `python -m bench history CSV...` (the runs' "
                   "headline numbers in bench/results/history.csv); each takes --help.",
       formatter_class=argparse.RawDescriptionHelpFormatter,
-      epilog="suites:\n" + "\n".join(f"  {k:<10} {v}" for k, v in P.SUITE_HELP.items()))
+      epilog="suites:\n" + "\n".join(f"  {k:<10} {v}" for k, v in S.SUITE_HELP.items()))
   ap.add_argument("--suite", default="default",
                   help="comma-separated suite names (see below); default: %(default)s")
-  ap.add_argument("--dtype", default="bf16", choices=list(P.DTYPES),
+  ap.add_argument("--dtype", default="bf16", choices=list(DTYPES),
                   help="operand dtype: bf16 (default), fp16, fp32 (default precision: "
                        "TF32 on GPU), fp32-highest (precision=HIGHEST)")
   ap.add_argument("--backends", default=None,
@@ -88,22 +90,25 @@ def _parser() -> argparse.ArgumentParser:
   return ap
 
 
+def _problems(name: str, *, default_only: bool, quick: bool):
+  """The problems of suite `name` to run (None: a suite that is not a table of problems)."""
+  if S.suite(name).problems is None:
+    return None
+  return S.select(name, default_only=default_only, quick=quick)
+
+
 def _suites(args, on_gpu: bool) -> list[tuple[str, list]]:
-  """[(suite, problems)]; the training suite has None for problems."""
+  """[(suite, problems)]; a suite that is not a table of problems has None."""
   names = [s.strip() for s in args.suite.split(",") if s.strip()]
   out = []
   for name in names:
     if name == "default":
-      for s in (P.GPU_DEFAULT_SUITES if on_gpu else P.CPU_DEFAULT_SUITES):
-        out.append((s, None if s == P.TRAINING else
-                    P.select(s, default_only=True, quick=args.quick)))
-    elif name in (P.TRAINING, P.SHARDED):
-      out.append((name, None))
-    elif name in P.SUITES or name in P.MOE_SUITES or name in P.EPILOGUE_SUITES or (
-        name in P.FP8_SUITES):
-      out.append((name, P.select(name, default_only=args.default_only, quick=args.quick)))
+      for s in (S.GPU_DEFAULT_SUITES if on_gpu else S.CPU_DEFAULT_SUITES):
+        out.append((s, _problems(s, default_only=True, quick=args.quick)))
+    elif name in S.ALL_SUITES:
+      out.append((name, _problems(name, default_only=args.default_only, quick=args.quick)))
     else:
-      raise SystemExit(f"unknown suite {name!r}; valid: {[*P.ALL_SUITES, 'default']}")
+      raise SystemExit(f"unknown suite {name!r}; valid: {[*S.ALL_SUITES, 'default']}")
   seen, uniq = set(), []
   only = [g.strip() for g in args.only.split(",") if g.strip()]
   for s, probs in out:
@@ -124,27 +129,21 @@ def _list(args, on_gpu, platform):
   print("backends and variants (ladder order, best last):")
   print(f"  {AUTO}: {AUTO_VARIANT}  (jaxgemm's default, jaxgemm.matmul(a, b): per problem the "
         "tuned kernel of the autotune cache or shipped table, else XLA's dot)")
-  for op in sorted(set(P.SUITE_OP.values())):
+  for op in sorted(set(S.SUITE_OP.values())):
     for b in jaxgemm.backends(op):
       print(f"  {op} {b}: {', '.join(jaxgemm.variants(b, op))}")
-  print(f"dtypes: {', '.join(P.DTYPES)}")
+  print(f"dtypes: {', '.join(DTYPES)}")
   print("suites:")
-  for name, help_ in P.SUITE_HELP.items():
-    op = f"[{P.SUITE_OP[name]}]" if name in P.SUITE_OP else ""
+  for name, help_ in S.SUITE_HELP.items():
+    op = f"[{S.SUITE_OP[name]}]" if name in S.SUITE_OP else ""
     print(f"  {name:<10} {op:<9} {help_}")
   print()
   for suite, probs in _suites(args, on_gpu):
-    if suite == P.SHARDED:
-      print(f"[{suite}] GEMM layouts and a training step on a mesh: see bench/sharded.py")
-      continue
+    note = S.suite(suite).list_note
     if probs is None:
-      print(f"[{suite}] a training step: see bench/training.py")
+      print(f"[{suite}] {note}")
       continue
-    print(f"[{suite}] {len(probs)} problems" + (
-        ", then an MoE training step (bench/training.py)" if suite in P.MOE_SUITES else
-        ", then a SwiGLU training step (bench/training.py)" if suite in P.EPILOGUE_SUITES
-        else ", then an FP8 training step (bench/training.py)" if suite in P.FP8_SUITES
-        else ""))
+    print(f"[{suite}] {len(probs)} problems" + (f", {note}" if note else ""))
     for p in probs:
       flags = "".join(f for f, on in (("D", p.default), ("Q", p.quick), ("L", p.ladder)) if on)
       print(f"  {p.name:<32} {p.size_label():>22} {p.layout}  {flags:<3} {p.note}")
@@ -171,8 +170,8 @@ def main(argv) -> int:
   import jaxgemm  # noqa: PLC0415
 
   from . import history, runner  # noqa: PLC0415
-  from .report import csvio, generate, tables, view  # noqa: PLC0415
-  from .training import run_training  # noqa: PLC0415
+  from .report import csvio, tables  # noqa: PLC0415
+  from .report.make import generate  # noqa: PLC0415
 
   if args.iters is None:
     args.iters = 20 if on_gpu else 3
@@ -185,7 +184,7 @@ def main(argv) -> int:
   suites = _suites(args, on_gpu)
   # Each suite runs the backends of its op (matmul's, or ragged_dot's for the moe suites);
   # a named backend that has no kernels for a suite's op gets `unsupported` rows there.
-  ops = list(dict.fromkeys(P.SUITE_OP[s] for s, _ in suites)) or ["matmul"]
+  ops = list(dict.fromkeys(S.SUITE_OP[s] for s, _ in suites)) or ["matmul"]
   registered = list(dict.fromkeys(b for op in (*ops, *jaxgemm.registry.ops())
                                   for b in jaxgemm.backends(op)))
   if args.backends:
@@ -200,7 +199,7 @@ def main(argv) -> int:
   def backends_of(suite: str) -> list[str]:
     if args.backends:
       return backends
-    ops = P.EPILOGUE_OPS if suite in P.EPILOGUE_SUITES else (P.SUITE_OP[suite],)
+    ops = S.entry_of(suite).ops
     return [runner.AUTO, *dict.fromkeys(b for op in ops for b in jaxgemm.backends(op))]
 
   def variants_of(b: str) -> list[str]:
@@ -211,27 +210,16 @@ def main(argv) -> int:
   if variants not in ("ladder", "best", "all"):
     variants = [v.strip() for v in variants.split(",") if v.strip()]
     known = {v for b in backends if b != runner.AUTO for v in variants_of(b)}
-    from . import training as T  # noqa: PLC0415
-    known |= {T.FP8_VARIANT_PREFIX + r for r in (*T.FP8_RECIPES, *T.FP8_OPTIONS)}
+    known |= {v for e in S.ENTRIES for v in e.extra_variants}   # training steps' recipes
     unknown = [v for v in variants if v not in known]
     if unknown:
       raise SystemExit(f"unknown variant(s) {unknown}; variants of {backends}: {sorted(known)}")
 
-  if on_gpu and not args.time_budget and all(s in P.MOE_SUITES for s, _ in suites):
-    from . import moe  # noqa: PLC0415
-    args.time_budget = moe.GPU_TIME_BUDGET_S
-    print(f"time budget: {args.time_budget:g} s (the moe suites' default on a GPU, to fit a "
-          "10-minute command; --time-budget to change)")
-  if on_gpu and not args.time_budget and all(s in P.EPILOGUE_SUITES for s, _ in suites):
-    from . import epilogue  # noqa: PLC0415
-    args.time_budget = epilogue.GPU_TIME_BUDGET_S
-    print(f"time budget: {args.time_budget:g} s (the epilogue suites' default on a GPU, to fit "
-          "a 10-minute command; --time-budget to change)")
-  if on_gpu and not args.time_budget and all(s in P.FP8_SUITES for s, _ in suites):
-    from . import fp8  # noqa: PLC0415
-    args.time_budget = fp8.GPU_TIME_BUDGET_S
-    print(f"time budget: {args.time_budget:g} s (the fp8 suites' default on a GPU, to fit "
-          "a 10-minute command; --time-budget to change)")
+  entries = list(dict.fromkeys(S.entry_of(s) for s, _ in suites))
+  if on_gpu and not args.time_budget and len(entries) == 1 and entries[0].gpu_time_budget_s:
+    args.time_budget = entries[0].gpu_time_budget_s
+    print(f"time budget: {args.time_budget:g} s (the {entries[0].family} suites' default on a "
+          "GPU, to fit a 10-minute command; --time-budget to change)")
   if on_gpu:
     runner.setup_triton_cache()
   prov = csvio.provenance()
@@ -281,6 +269,9 @@ def main(argv) -> int:
     print(f"CSV: {csv_path}\nreport: {made['report']}")
 
   ctx.on_hang = on_hang
+  options = runner.SuiteOptions(
+      quick=args.quick, only=tuple(g.strip() for g in args.only.split(",") if g.strip()),
+      training_steps=args.training_steps, out_dir=out_dir)
   t_start = time.perf_counter()
   try:
     try:
@@ -295,55 +286,8 @@ def main(argv) -> int:
     for suite, probs in suites:
       t0 = time.perf_counter()
       print(f"\n== suite {suite} " + ("" if probs is None else f"({len(probs)} problems)"))
-      if suite == P.SHARDED:
-        from . import sharded  # noqa: PLC0415
-        sharded.run_sharded_suite(ctx, backends_of(suite), size="cpu" if args.quick else None,
-                                  only=args.only, steps=args.training_steps,
-                                  hlo_dir=out_dir / "collectives")
-      elif probs is None:
-        from . import training as T  # noqa: PLC0415
-        cfg = None
-        if args.training_steps or args.quick:
-          import dataclasses  # noqa: PLC0415
-          base = (T.GPU_MODEL_QUICK if args.quick else T.GPU_MODEL) if on_gpu else T.CPU_MODEL
-          cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
-        run_training(ctx, backends_of(suite), variants, quick=args.quick, cfg=cfg)
-      elif suite in P.MOE_SUITES:
-        from . import moe  # noqa: PLC0415
-        from . import training as T  # noqa: PLC0415
-        import dataclasses  # noqa: PLC0415
-        base = T.moe_model(on_gpu, args.quick)
-        cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
-        # --only names problems; the MoE step runs unless it names others only
-        # ('*.wgrad': no step; 'moe.*': the step alone).
-        only = [g.strip() for g in args.only.split(",") if g.strip()]
-        moe.run_moe_suite(ctx, suite, probs, backends_of(suite), variants, training_cfg=cfg,
-                          quick=args.quick, training=not only or any(
-                              fnmatch.fnmatch(cfg.name, g) for g in only))
-      elif suite in P.EPILOGUE_SUITES:
-        from . import epilogue  # noqa: PLC0415
-        from . import training as T  # noqa: PLC0415
-        import dataclasses  # noqa: PLC0415
-        base = T.swiglu_model(on_gpu, args.quick)
-        cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
-        # as for the moe suites: the step runs unless --only names others only
-        only = [g.strip() for g in args.only.split(",") if g.strip()]
-        epilogue.run_epilogue_suite(ctx, suite, probs, backends_of(suite), variants,
-                                    training_cfg=cfg, quick=args.quick, training=not only or any(
-                                        fnmatch.fnmatch(cfg.name, g) for g in only))
-      elif suite in P.FP8_SUITES:
-        from . import fp8  # noqa: PLC0415
-        from . import training as T  # noqa: PLC0415
-        import dataclasses  # noqa: PLC0415
-        base = T.fp8_model(on_gpu, args.quick)
-        cfg = dataclasses.replace(base, steps=args.training_steps or base.steps)
-        # as for the moe suites: the step runs unless --only names others only
-        only = [g.strip() for g in args.only.split(",") if g.strip()]
-        fp8.run_fp8_suite(ctx, suite, probs, backends_of(suite), variants, training_cfg=cfg,
-                          quick=args.quick, training=not only or any(
-                              fnmatch.fnmatch(cfg.name, g) for g in only))
-      else:
-        runner.run_gemm_suite(ctx, suite, probs, backends_of(suite), variants)
+      runner_module = importlib.import_module(f".{S.suite(suite).runner}", __package__)
+      runner_module.run_suite(ctx, suite, probs, backends_of(suite), variants, options)
       print(f"== suite {suite} done in {time.perf_counter() - t0:.1f} s")
   finally:
     writer.close()
@@ -352,7 +296,7 @@ def main(argv) -> int:
   made = generate(csv_path)
   rows = csvio.read_csv(csv_path)
   counts = Counter(r["status"] for r in rows if r["kind"] in ("gemm", "train_step")
-                   and r["backend"] not in (runner.REF, *view.PEERS))
+                   and r["backend"] not in (runner.REF, *S.PEERS))
   run = made["run"]
   print("\n" + bar)
   if not on_gpu:
@@ -360,9 +304,10 @@ def main(argv) -> int:
   print(f"done in {elapsed:.1f} s; kernel rows: "
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
   print("\n".join(tables.headline_table(run)))
-  summary = tables.defaults_summary(run)
-  if summary:
-    print("\njaxgemm's default (backend='auto') vs XLA:\n" + "\n".join(summary))
+  for entry in S.ENTRIES:
+    lines = entry.console(run) if entry.console else []
+    if lines:
+      print("\n".join(lines))
   tt = tables.training_table(run)
   if tt:
     print("\n".join(tt[2:]))

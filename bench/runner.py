@@ -744,34 +744,25 @@ class Progress:
       self._bar.close()
 
 
-# Where a suite ends with a training step and runs under a time budget, its problems
-# stop starting this long before the budget's end (at most half of it), so that the
-# training runs (about 30-60 s each with their compile) get their turn.
-TRAINING_RESERVE_S = 150.0
+@dataclasses.dataclass(frozen=True)
+class SuiteOptions:
+  """What a suite's runner (`run_suite` of the module its `entry.Suite.runner` names) takes
+  from the command line besides the run's `Context`."""
+
+  quick: bool = False
+  only: tuple[str, ...] = ()          # --only's globs of problem names
+  training_steps: int | None = None   # --training-steps
+  out_dir: Path | None = None         # the run's folder
+
+  def runs(self, name: str) -> bool:
+    """Whether --only lets the problem (or training step) `name` run."""
+    return not self.only or any(fnmatch.fnmatch(name, g) for g in self.only)
 
 
-def run_suite_then_training(ctx: "Context", suite: str, probs: list, backends: list[str],
-                            variants_policy, *, ops, model, label: str) -> list[dict]:
-  """`run_gemm_suite` of `probs`, then (when `model` is a ModelConfig) its training step.
-
-  With a time budget (`ctx.time_budget_s`) and a training step, the problems stop
-  starting TRAINING_RESERVE_S before the budget's end; the training runs start until
-  the budget is spent. The moe, epilogue and fp8 suites run this way.
-  """
-  budget = ctx.time_budget_s
-  if budget and model is not None:
-    ctx.time_budget_s = budget - min(TRAINING_RESERVE_S, budget / 2)
-  try:
-    rows = run_gemm_suite(ctx, suite, probs, backends, variants_policy, ops=ops)
-  finally:
-    ctx.time_budget_s = budget
-  if model is not None:
-    from . import training as T  # noqa: PLC0415
-    t0 = time.perf_counter()
-    ctx.log(f"  -- {label} training step ({model.name})")
-    rows += T.run_training(ctx, backends, variants_policy, cfg=model, suite=suite)
-    ctx.log(f"  -- {label} training done in {time.perf_counter() - t0:.1f} s")
-  return rows
+def run_suite(ctx: "Context", suite: str, probs: list, backends: list[str], variants_policy,
+              options: SuiteOptions) -> list[dict]:
+  """A GEMM suite of matmul's (bench/ops/matmul.py): every problem (`run_gemm_suite`)."""
+  return run_gemm_suite(ctx, suite, probs, backends, variants_policy)
 
 
 def run_gemm_suite(ctx: Context, suite: str, probs: list[P.BenchProblem], backends: list[str],

@@ -59,7 +59,7 @@ from jaxgemm.timing import summarize, time_paired
 from . import training as T
 from . import problems as BP
 from .runner import (AUTO, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL, STATUS_OK,
-                     STATUS_SKIPPED, TOLERANCE, Context, base_row, excluded,
+                     STATUS_SKIPPED, TOLERANCE, Context, SuiteOptions, base_row, excluded,
                      short_error)
 
 SUITE = "sharded"
@@ -607,3 +607,13 @@ def run_sharded_suite(ctx: Context, backends: list[str], *, size: str | None = N
   timer = PipelinedWallTimer()
   rows = run_step(ctx, timer, backends, cfg, hlo_dir) if wanted(STEP_NAME) else []
   return rows + run_layouts(ctx, timer, backends, size, wanted, hlo_dir)
+
+
+def run_suite(ctx: Context, suite: str, probs, backends: list[str], variants_policy,
+              options: SuiteOptions) -> list[dict]:
+  """The sharded suite (bench/ops/sharded.py): `run_sharded_suite` at the CPU's sizes with
+  --quick, its collectives' HLO lines in the run's `collectives/` folder."""
+  return run_sharded_suite(ctx, backends, size="cpu" if options.quick else None,
+                           only=",".join(options.only), steps=options.training_steps,
+                           hlo_dir=None if options.out_dir is None
+                           else options.out_dir / "collectives")

@@ -70,10 +70,11 @@ import jaxgemm
 from jaxgemm.timing import summarize, time_paired
 
 from . import problems as P
+from .ops.scaled_matmul import FP8_OPTION_RECIPES, FP8_RECIPES, FP8_VARIANT_PREFIX
 from .runner import (AUTO, AUTO_VARIANT, DEFAULT_VARIANT, REF, REF_VARIANT, STATUS_ERROR,
                      STATUS_FAIL, STATUS_OK, STATUS_SKIPPED, STATUS_UNSUPPORTED, TOLERANCE,
-                     Context, Watchdog, base_row, excluded, is_not_implemented, precision_of,
-                     short_error)
+                     Context, Progress, SuiteOptions, Watchdog, base_row, excluded,
+                     is_not_implemented, precision_of, run_gemm_suite, short_error, slow_key)
 
 # Largest relative difference |loss - loss_xla| / loss_xla allowed at any step.
 TRAJECTORY_TOL = {"bf16": 5e-2, "fp16": 3e-2, "fp32": 2e-2, "fp32-highest": 1e-3}
@@ -242,19 +243,10 @@ GPU_FP8_MODEL_QUICK = dataclasses.replace(GPU_FP8_MODEL, steps=15)
 # Widths of whole and partial 128-wide blocks (96: a partial block along K and N).
 CPU_FP8_MODEL = ModelConfig(batch=2, seq=16, d_model=64, n_heads=4, d_ff=160, n_layers=1,
                             vocab=128, steps=4, fp8=True, attention="flash")
-# The recipes each backend trains with (variant label "fp8=<recipe>").
-FP8_RECIPES = ("tensor", "block")
-FP8_VARIANT_PREFIX = "fp8="
-# Recipes the GPU suite trains for `auto` beside the named ones, with the same checks:
-# each named recipe as it was before run11 (per tensor: float32 scales and XLA's
-# quantizer, 1.14-1.15x of XLA's bf16 step against the named one's 1.245-1.255x;
-# block: XLA's quantizer, 0.93-0.95x against 1.07-1.09x; H100, paired,
-# research/probes/fp8-fused-quant/ runs 10-13).
-FP8_OPTIONS = {
-    "tensor+f32-scales": jaxgemm.Fp8Recipe("tensor", grad_dtype="float8_e5m2",
-                                           quantize_backend="xla"),
-    "block+xla-quantize": jaxgemm.Fp8Recipe("block", quantize_backend="xla"),
-}
+# The recipes each backend trains with (variant label "fp8=<recipe>"), and those the GPU
+# suite trains for `auto` beside them (bench/ops/scaled_matmul.py says why), as recipes.
+FP8_OPTIONS = {name: jaxgemm.Fp8Recipe(scaling, **fields)
+               for name, (scaling, fields) in FP8_OPTION_RECIPES.items()}
 # The FP8 rows' agreement with XLA's bf16 model (the bf16 bounds, TRAJECTORY_TOL and
 # GRAD_TOL_FACTOR, are for rounding differences; FP8 rounds every operand to 3 mantissa
 # bits, 2 for the per-tensor recipe's gradients). These catch a wrong GEMM, not FP8's noise:
@@ -666,8 +658,6 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
   (x, w, group_sizes) -> y. A SwiGLU `cfg` (the epilogue suites) compares the backends
   of op fused_matmul (and glu) on its dense layers; `mm_factory` then makes its
   `Epilogues`."""
-  from .runner import Progress, slow_key  # noqa: PLC0415
-
   dtype_name = ctx.dtype_name
   if cfg is None:
     cfg = (GPU_MODEL_QUICK if quick else GPU_MODEL) if ctx.on_gpu else CPU_MODEL
@@ -777,7 +767,8 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
     return rows
   emit(ref)
   emit_losses(REF, REF_VARIANT, ref_losses)
-  bar.write(f"    {REF:<28} step {ref_stats['median_ms']:.3f} ms, "
+  bar.write(f"    {REF:<28} step {ref_stats['median_ms']:.3f} ms (timed alone; each backend's "
+            "ratio is to XLA's step timed beside it), "
             f"{cfg.tokens / ref_stats['median_ms'] * 1e3:,.0f} tokens/s, "
             f"loss {ref_losses[0]:.4f} -> {ref_losses[-1]:.4f}")
   bar.update(REF)
@@ -856,7 +847,8 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
                step_wall_ms=info.get("wall_ms"))
     emit(r)
     emit_losses(backend, variant, losses)
-    msg = (f"step {r['time_ms_median']:.3f} ms ({r['speedup_vs_xla']:.3g}x)"
+    msg = (f"step {r['time_ms_median']:.3f} ms, {r['speedup_vs_xla']:.3g}x "
+           f"(XLA's step {r['xla_time_ms']:.3f} ms timed beside it / {r['time_ms_median']:.3f})"
            if r["status"] == STATUS_OK else r["status"].upper())
     bar.write(f"    {backend + '/' + variant:<28} {msg}, loss {losses[0]:.4f} -> "
               f"{losses[-1]:.4f}, max rel diff vs XLA {max_rel:.2e}, "
@@ -884,7 +876,6 @@ def _fp8_runs(ctx: Context, backend: str, op: str) -> list[tuple[str, str, str]]
   problems took over CPU_TRAIN_CALL_S (a step runs 3 GEMMs per layer projection)."""
   slow = ""
   if not ctx.on_gpu and backend != AUTO:
-    from .runner import slow_key  # noqa: PLC0415
     prefix = slow_key(op, backend, "")[0]
     took = [s for (b, _), s in {**ctx.call_s, **ctx.slow}.items() if b == prefix]
     if took and max(took) > CPU_TRAIN_CALL_S:
@@ -905,3 +896,51 @@ def _step_metrics(ctx: Context, cfg: ModelConfig, stats: dict, ref_ms: float | N
     out["speedup_vs_xla"] = ref_ms / stats["median_ms"]
   return out
 
+
+
+# ---------------------------------------------------------------- suites
+
+def run_suite(ctx: Context, suite: str, probs, backends: list[str], variants_policy,
+              options: SuiteOptions) -> list[dict]:
+  """The training suite (bench/ops/matmul.py): the dense model's step on each backend;
+  --quick and --training-steps shorten it."""
+  cfg = None
+  if options.training_steps or options.quick:
+    base = (GPU_MODEL_QUICK if options.quick else GPU_MODEL) if ctx.on_gpu else CPU_MODEL
+    cfg = dataclasses.replace(base, steps=options.training_steps or base.steps)
+  return run_training(ctx, backends, variants_policy, quick=options.quick, cfg=cfg)
+
+
+def model_for(base: ModelConfig, options: SuiteOptions) -> ModelConfig:
+  """A suite's training model with --training-steps applied."""
+  return dataclasses.replace(base, steps=options.training_steps or base.steps)
+
+
+# Where a suite ends with a training step and runs under a time budget, its problems
+# stop starting this long before the budget's end (at most half of it), so that the
+# training runs (about 30-60 s each with their compile) get their turn.
+TRAINING_RESERVE_S = 150.0
+
+
+def run_suite_then_training(ctx: Context, suite: str, probs: list, backends: list[str],
+                            variants_policy, *, ops, model, label: str) -> list[dict]:
+  """`runner.run_gemm_suite` of `probs`, then (when `model` is a ModelConfig) its training
+  step.
+
+  With a time budget (`ctx.time_budget_s`) and a training step, the problems stop
+  starting TRAINING_RESERVE_S before the budget's end; the training runs start until
+  the budget is spent. The moe, epilogue and fp8 suites run this way.
+  """
+  budget = ctx.time_budget_s
+  if budget and model is not None:
+    ctx.time_budget_s = budget - min(TRAINING_RESERVE_S, budget / 2)
+  try:
+    rows = run_gemm_suite(ctx, suite, probs, backends, variants_policy, ops=ops)
+  finally:
+    ctx.time_budget_s = budget
+  if model is not None:
+    t0 = time.perf_counter()
+    ctx.log(f"  -- {label} training step ({model.name})")
+    rows += run_training(ctx, backends, variants_policy, cfg=model, suite=suite)
+    ctx.log(f"  -- {label} training done in {time.perf_counter() - t0:.1f} s")
+  return rows

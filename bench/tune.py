@@ -20,6 +20,9 @@ import functools
 import time
 
 from . import problems as P
+from . import suites as S
+from .ops.fused_matmul import EPILOGUE_SUITES
+from .ops.matmul import TRAINING
 
 
 def training_problems(dtype_name: str, quick: bool = False):
@@ -52,7 +55,7 @@ def epilogue_problems(dtype_name: str, suite: str = "epilogue"):
   from .runner import AUTO, AUTO_VARIANT  # noqa: PLC0415
   dt = P.dtype_of(dtype_name)
   found = []
-  for bp in P.select(suite, default_only=True, quick=False):
+  for bp in S.select(suite, default_only=True, quick=False):
     args = [jax.ShapeDtypeStruct(s, dt) for s in bp.input_shapes()]
     found += jaxgemm.problems_in(E.kernel_fn(bp, dtype_name, AUTO, AUTO_VARIANT), *args,
                                  backward=False)      # fwd+bwd problems hold their backward
@@ -89,16 +92,16 @@ def main(argv) -> int:
   setup_triton_cache()
   problems = []
   for suite in (s.strip() for s in args.suite.split(",") if s.strip()):
-    if suite == P.TRAINING:
+    if suite == TRAINING:
       problems += training_problems(args.dtype)
-    elif suite in P.EPILOGUE_SUITES:
+    elif suite in EPILOGUE_SUITES:
       problems += epilogue_problems(args.dtype, suite)
     elif suite in P.SUITES:
       problems += [gemm_problem(bp, bp.dtype or args.dtype)
-                   for bp in P.select(suite, default_only=True, quick=False)]
+                   for bp in S.select(suite, default_only=True, quick=False)]
     else:
       raise SystemExit(f"unknown suite {suite!r}; valid: "
-                       f"{[*P.SUITES, P.TRAINING, *P.EPILOGUE_SUITES]}")
+                       f"{[*P.SUITES, TRAINING, *EPILOGUE_SUITES]}")
   backends = None if args.backends is None else [
       b.strip() for b in args.backends.split(",") if b.strip()]
   t0 = time.perf_counter()

@@ -32,8 +32,12 @@ from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import history as H
 from jaxgemm.bench import problems as P
 from jaxgemm.bench import runner
+from jaxgemm.bench import suites as S
 from jaxgemm.bench import training as T
-from jaxgemm.bench.report import csvio, generate, plots, tables, view
+from jaxgemm.bench.ops import matmul as MM
+from jaxgemm.bench.ops import sharded as SH
+from jaxgemm.bench.report import csvio, plots, tables, view
+from jaxgemm.bench.report.make import generate
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_PROBLEMS = [p for probs in P.SUITES.values() for p in probs]
@@ -59,7 +63,7 @@ def test_random_suites_are_fixed_draws():
 
 
 def test_suites_are_named_and_nonempty():
-  assert set(P.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "random",
+  assert set(S.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "random",
                                "random-holdout", "tiny", "training", "moe", "moe-tiny",
                                "epilogue", "epilogue-tiny", "fp8", "fp8-tiny", "sharded"}
   for name, probs in P.SUITES.items():
@@ -67,16 +71,16 @@ def test_suites_are_named_and_nonempty():
     assert all(p.suite == name for p in probs)
     assert len({p.name for p in probs}) == len(probs), f"duplicate names in {name}"
     assert any(p.default for p in probs), f"{name} has no default problems"
-  for s in P.GPU_DEFAULT_SUITES:
-    assert s in P.ALL_SUITES
+  for s in S.GPU_DEFAULT_SUITES:
+    assert s in S.ALL_SUITES
   # every suite measures one registered op
-  assert set(P.SUITE_OP) == set(P.ALL_SUITES)
-  assert set(P.SUITE_OP.values()) <= set(jaxgemm.registry.ops())
+  assert set(S.SUITE_OP) == set(S.ALL_SUITES)
+  assert set(S.SUITE_OP.values()) <= set(jaxgemm.registry.ops())
   # the default GPU run has ladder problems, and --quick has some of every suite
-  assert any(p.ladder and p.default for s in P.GPU_DEFAULT_SUITES if s in P.SUITES
+  assert any(p.ladder and p.default for s in S.GPU_DEFAULT_SUITES if s in P.SUITES
              for p in P.SUITES[s])
   for s in ("square", "llm", "skinny", "unaligned", "backward"):
-    assert P.select(s, default_only=True, quick=True), s
+    assert S.select(s, default_only=True, quick=True), s
 
 
 @pytest.mark.parametrize("bp", ALL_PROBLEMS, ids=lambda p: f"{p.suite}-{p.name}")
@@ -418,7 +422,7 @@ def test_cpu_run_writes_csv_with_provenance(cpu_run):
     assert r["platform"] == "cpu"
   gemm = [r for r in rows if r["kind"] == "gemm"]
   names = {r["problem"] for r in gemm}
-  assert names == {p.name for p in P.select("tiny", default_only=True, quick=True)}
+  assert names == {p.name for p in S.select("tiny", default_only=True, quick=True)}
   assert all(r["status"] == "ok" for r in gemm), [r for r in gemm if r["status"] != "ok"]
   for r in gemm:
     assert float(r["time_ms_median"]) > 0 and int(r["iters"]) == 3
@@ -451,10 +455,17 @@ def test_cpu_report_says_not_gpu_and_has_plots(cpu_run):
   assert "default (auto) vs XLA (geomean)" in head
   defaults = report[report.index("## Defaults (backend='auto') vs XLA"):
                     report.index("## Kernel ladders")]
-  for p in P.select("tiny", default_only=True, quick=True):
+  for p in S.select("tiny", default_only=True, quick=True):
     assert f"| tiny | {p.name} |" in defaults
   assert "xla/dot_general (fallback)" in defaults and "- training step" in defaults
   assert "#### Ladder: backend `auto`" not in report
+  # the targets are GPU numbers: a CPU run neither meets nor misses them
+  assert "target n/a (not a GPU run)" in defaults and "NOT met" not in report
+  # a training step's ratio shows the two times it is made of (XLA's timed beside it)
+  step = {r["backend"]: r for r in csvio.read_csv(cpu_run / "results.csv")
+          if r["kind"] == "train_step"}["auto"]
+  times = f"(XLA {float(step['xla_time_ms']):.3f} / {float(step['time_ms_median']):.3f} ms)"
+  assert times in next(x for x in report.splitlines() if x.startswith("| auto/default | ok |"))
   tables = (cpu_run / "README_TABLES.md").read_text()
   assert "NOT GPU TIMINGS" in tables and "#### Defaults (backend='auto') vs XLA" in tables
   # the README's block is for users: the ladders are in docs/ladders.md
@@ -581,7 +592,7 @@ def test_report_shows_the_default_apart_from_the_backends(tmp_path):
   g = math.exp(((n - 1) * math.log(1.05) + math.log(0.95)) / n)
   assert (f"- square + llm (bf16): geomean {g:.2f}x over {n} problems, min 0.95x "
           f"({AUTO_SLOW}), 1 below 0.97x: target NOT met.") in sec
-  assert "XLA's 10.000 ms (1.05x): target met." in sec
+  assert "XLA's 10.000 ms timed beside it (1.05x): target met." in sec
   assert f"| llm | {AUTO_SLOW} |" in sec and "**700 (0.95x)**" not in sec
   assert "**665.0 (0.95x)**" in sec and "tri/best (table)" in sec
   assert "| skinny |" not in sec   # per-problem rows: the target's suites only
@@ -668,11 +679,12 @@ def test_targets_table_reads_each_target_off_the_run():
   def row(backend, variant, s, status="ok"):
     return {"kind": "gemm", "suite": "square", "problem": "sq8192", "dtype": "bf16",
             "m": 8192, "k": 8192, "n": 8192, "backend": backend, "variant": variant,
-            "status": status, "speedup_vs_xla": s, "tflops": 800 * s}
+            "status": status, "speedup_vs_xla": s, "tflops": 800 * s,
+            "platform": "gpu"}     # the targets are GPU numbers (a CPU run's are n/a)
   run = view.Run([row(runner.REF, runner.REF_VARIANT, ""), row("triton", "persistent", 0.98),
                row("triton", "tensorcore", 0.91), row("pallas", "clusters", 0.99),
                row("pallas", "pipelined", 1.5, status="fail")])
-  table = "\n".join(tables.targets_table(run))
+  table = "\n".join(MM.targets_table(run))
   assert "| sq8192 (8192x8192x8192, bf16) | triton | >= 0.92x | persistent" in table
   triton, pallas = [line for line in table.splitlines() if "sq8192" in line and "bf16" in line]
   assert triton.endswith("| met |") and "(0.98x)" in triton
@@ -680,7 +692,7 @@ def test_targets_table_reads_each_target_off_the_run():
   assert pallas.endswith("| **missed** |") and "clusters" in pallas and "(0.99x)" in pallas
   assert "sq4096" not in table      # not in the run: no row
   only_xla = view.Run([row(runner.REF, runner.REF_VARIANT, "")])
-  assert "not measured" in "\n".join(tables.targets_table(only_xla))
+  assert "not measured" in "\n".join(MM.targets_table(only_xla))
 
 
 # ---------------------------------------------------------------- the runs' history
@@ -781,7 +793,7 @@ def test_sharded_rows_render_as_their_own_table_without_a_headline():
           {**base, "kind": "sharded_step", "problem": "sharded.step", "backend": runner.REF,
            "variant": "jnp.matmul", "time_ms_median": "25.6", "mem_per_device_gb": "8.2"}]
   run = view.Run(rows)
-  table = "\n".join(tables.sharded_table(run))
+  table = "\n".join(SH.sharded_table(run))
   lines = [l for l in table.splitlines() if l.startswith("| ")]
   assert lines[0].startswith("| GEMMs | status |")
   assert lines[1].startswith("| triton/(default) | ok | 25.500 | 1.00x")

@@ -26,15 +26,18 @@ import jaxgemm
 from jaxgemm import timing
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import epilogue as E
-from jaxgemm.bench import problems as P
 from jaxgemm.bench import runner
+from jaxgemm.bench import suites as S
 from jaxgemm.bench import training as T
 from jaxgemm.bench import tune
-from jaxgemm.bench.report import csvio, generate, tables
+from jaxgemm.bench.ops import fused_matmul as FM
+from jaxgemm.bench.ops import matmul as MM
+from jaxgemm.bench.report import csvio
+from jaxgemm.bench.report.make import generate
 from conftest import SLOW_INTERPRETERS
 
-EPI = P.EPILOGUE_SUITES["epilogue"]
-TINY = P.EPILOGUE_SUITES["epilogue-tiny"]
+EPI = FM.EPILOGUE_SUITES["epilogue"]
+TINY = FM.EPILOGUE_SUITES["epilogue-tiny"]
 ISSUE_SHAPES = {"m8192.k4096.n14336": (8192, 4096, 14336), "sq4096": (4096, 4096, 4096),
                 "m128.k4096.n14336": (128, 4096, 14336)}
 
@@ -52,19 +55,19 @@ def _tiny(name):
 # ---------------------------------------------------------------- the problem table
 
 def test_epilogue_suite_is_the_issues_table():
-  assert P.SUITE_OP["epilogue"] == P.SUITE_OP["epilogue-tiny"] == "fused_matmul"
-  assert "epilogue-tiny" in P.CPU_DEFAULT_SUITES and "epilogue" not in P.GPU_DEFAULT_SUITES
+  assert S.SUITE_OP["epilogue"] == S.SUITE_OP["epilogue-tiny"] == "fused_matmul"
+  assert "epilogue-tiny" in S.CPU_DEFAULT_SUITES and "epilogue" not in S.GPU_DEFAULT_SUITES
   by = {p.name: p for p in EPI}
   assert len(by) == len(EPI) and len({p.name for p in TINY}) == len(TINY)
   for layer, (m, k, n) in ISSUE_SHAPES.items():
-    for expr in P.EXPRESSIONS:
-      for mode in P.EPILOGUE_MODES:
+    for expr in FM.EXPRESSIONS:
+      for mode in FM.EPILOGUE_MODES:
         p = by[f"{layer}.{expr}" + ("" if mode == "fwd" else ".fwd+bwd")]
         assert (p.m, p.k, p.n, p.expr, p.mode, p.layer) == (m, k, n, expr, mode, layer)
   # the default set is the issue's table: every expression forward at the three shapes
   # (SwiGLU not at 4096^3), the GELU layer's and SwiGLU's forward + backward
   default = {(p.layer, p.expr, p.mode) for p in EPI if p.default}
-  want = {(layer, e, "fwd") for layer in ISSUE_SHAPES for e in P.EXPRESSIONS} - {
+  want = {(layer, e, "fwd") for layer in ISSUE_SHAPES for e in FM.EXPRESSIONS} - {
       ("sq4096", "swiglu", "fwd")}
   want |= {(layer, "bias.gelu", "fwd+bwd") for layer in ISSUE_SHAPES}
   want |= {(layer, "swiglu", "fwd+bwd") for layer in ("m8192.k4096.n14336", "m128.k4096.n14336")}
@@ -76,7 +79,7 @@ def test_epilogue_suite_is_the_issues_table():
   assert {(m, k, n) for layer, e, m, k, n in llm if e == "bias.residual"} == {
       (128, 14336, 4096), (2048, 14336, 4096), (8192, 14336, 4096), (4096, 28672, 8192)}
   assert all(p.dtype is None and p.layout == "NN" for p in EPI + TINY)
-  assert set(P.EPILOGUE_OPS) == {"fused_matmul", "glu"}
+  assert set(FM.EPILOGUE_OPS) == {"fused_matmul", "glu"}
 
 
 def test_problem_operands_flops_and_bytes():
@@ -116,11 +119,10 @@ def test_xla_expressions_are_the_issues():
           "swiglu": _np_silu(x @ w) * (x @ wu)}
   args = {"dot": (x, w), "bias": (x, w, b), "bias.gelu": (x, w, b), "silu": (x, w),
           "bias.residual": (x, w, b, r), "swiglu": (x, w, wu)}
-  for name, e in P.EXPRESSIONS.items():
+  for name, e in FM.EXPRESSIONS.items():
     got = E.xla_expression(e)(*(jnp.asarray(a, jnp.float32) for a in args[name]))
     np.testing.assert_allclose(np.asarray(got), want[name], rtol=1e-5, atol=1e-5, err_msg=name)
-    assert tables.EXPR_TEXT[name] == e.text
-    assert tables.EXPR_GEMMS.get(name, 1) == e.weights
+    assert FM._expr_text({"expr": name, "mode": "fwd+bwd"}) == f"{e.text} (fwd+bwd)"
 
 
 def test_forward_backward_is_the_vjp():
@@ -403,8 +405,8 @@ def test_report_renders_the_issue_27_targets(tmp_path):
   _synthetic_epilogue_csv(csv_path)
   made = generate(csv_path)
   run = made["run"]
-  assert run.is_epilogue("epilogue") and not run.is_moe("epilogue")
-  table = "\n".join(tables.epilogue_targets_table(run))
+  assert S.entry_of("epilogue") is FM.ENTRY     # the report shows it with fused_matmul's tables
+  table = "\n".join(FM.epilogue_targets_table(run))
   lines = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
   assert table.splitlines()[0] == ("| expression at MxKxN | target vs XLA | XLA | xla (best "
                                    "variant) | triton (best variant) | pallas (best variant) | "
@@ -419,7 +421,8 @@ def test_report_renders_the_issue_27_targets(tmp_path):
   assert lines["gelu(x @ w + b) (fwd+bwd) at 8192x4096x14336"].endswith("| met |")
   assert not any(k.startswith("silu(x @ w) at") for k in lines)           # not in this run
   step = lines[f"SwiGLU training step ({T.GPU_SWIGLU_MODEL.name}), default"]
-  assert "| 10.00 ms |" in step and "| 9.65 ms (1.04x) |" in step and step.endswith("| met |")
+  assert "| 10.00 ms |" in step and "| 1.04x (XLA 10.00 / 9.65 ms) |" in step
+  assert step.endswith("| met |")
   report = made["report"].read_text()
   assert "## GEMM epilogue targets (issue 27)" in report
   suite = report[report.index("## Suite `epilogue` (GEMM epilogues)"):]
@@ -433,7 +436,7 @@ def test_report_renders_the_issue_27_targets(tmp_path):
   assert "#### GEMM epilogue targets (issue 27)" in readme
   assert "#### GEMM epilogues: suite `epilogue`" in readme
   # the SwiGLU step is not the dense model's default target (issue 6's "<= XLA's step")
-  assert not any("swiglu." in line for line in tables.defaults_summary(run))
+  assert not any("swiglu." in line for line in MM.defaults_summary(run))
   assert "| XLA (jnp) | ok |" in report
 
 

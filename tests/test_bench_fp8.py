@@ -25,14 +25,17 @@ import jaxgemm
 from jaxgemm import timing
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import fp8 as F
-from jaxgemm.bench import problems as P
 from jaxgemm.bench import runner
+from jaxgemm.bench import suites as S
 from jaxgemm.bench import training as T
-from jaxgemm.bench.report import csvio, generate, tables
+from jaxgemm.bench.ops import matmul as MM
+from jaxgemm.bench.ops import scaled_matmul as SM
+from jaxgemm.bench.report import csvio, tables
+from jaxgemm.bench.report.make import generate
 from conftest import SLOW_INTERPRETERS
 
-FP8 = P.FP8_SUITES["fp8"]
-TINY = P.FP8_SUITES["fp8-tiny"]
+FP8 = SM.FP8_SUITES["fp8"]
+TINY = SM.FP8_SUITES["fp8-tiny"]
 ISSUE_SHAPES = {"sq8192": (8192, 8192, 8192), "m8192.k4096.n14336": (8192, 4096, 14336),
                 "sq4096": (4096, 4096, 4096), "m128.k4096.n14336": (128, 4096, 14336)}
 
@@ -73,8 +76,8 @@ def _rel(x, y):
 # ---------------------------------------------------------------- the problem table
 
 def test_fp8_suite_is_the_issues_table():
-  assert P.SUITE_OP["fp8"] == P.SUITE_OP["fp8-tiny"] == "scaled_matmul"
-  assert "fp8-tiny" in P.CPU_DEFAULT_SUITES and "fp8" not in P.GPU_DEFAULT_SUITES
+  assert S.SUITE_OP["fp8"] == S.SUITE_OP["fp8-tiny"] == "scaled_matmul"
+  assert "fp8-tiny" in S.CPU_DEFAULT_SUITES and "fp8" not in S.GPU_DEFAULT_SUITES
   by = {p.name: p for p in FP8}
   assert len(by) == len(FP8) and len({p.name for p in TINY}) == len(TINY)
   for layer, (m, k, n) in ISSUE_SHAPES.items():
@@ -109,8 +112,9 @@ def test_problem_bytes_flops_and_columns():
   assert p.min_bytes("bf16") == m * k + k * n + 4 * (m * 32 + 32 * 112) + 2 * m * n
   f = p.csv_fields("bf16")
   assert (f["scaling"], f["fp8_dtypes"], f["xla_ref"], f["layout"], f["layer"]) == (
-      "block", "e4m3xe4m3", F.REF_BLOCK, "NN", "m128.k4096.n14336")
-  assert P.Fp8Problem("s", "x", "x", "tensor", 4, 8, 16).csv_fields("bf16")["xla_ref"] == F.REF_TENSOR
+      "block", "e4m3xe4m3", SM.REF_BLOCK, "NN", "m128.k4096.n14336")
+  tensor = SM.Fp8Problem("s", "x", "x", "tensor", 4, 8, 16)
+  assert tensor.csv_fields("bf16")["xla_ref"] == SM.REF_TENSOR
   prob = F.scaled_problem(p)
   assert (prob.m, prob.k, prob.n, prob.scale_kind, prob.out_dtype) == (m, k, n, "block",
                                                                        jnp.dtype(jnp.bfloat16))
@@ -176,10 +180,10 @@ def test_a_wrong_result_fails_and_the_peers_are_checked():
   rows = []
   runner.run_problem(_ctx(rows), p, kernels, make_fn=_fake, ops=F.SCALED_MATMUL)
   by = {(r["backend"], r["variant"]): r for r in rows}
-  ref = by[(runner.REF, F.REF_BLOCK)]
+  ref = by[(runner.REF, SM.REF_BLOCK)]
   # XLA's reference is measured against the exact product too: bf16's rounding
   assert ref["status"] == "ok" and 0 < ref["error"] <= F.TOLERANCE / 2
-  assert all(r["xla_ref"] == F.REF_BLOCK and r["scaling"] == "block" for r in rows)
+  assert all(r["xla_ref"] == SM.REF_BLOCK and r["scaling"] == "block" for r in rows)
   for v in (F.FP8_DOT, F.BF16_DOT):
     peer = by[(F.PEER, v)]
     assert peer["status"] == "ok" and peer["error"] <= F.TOLERANCE and peer["speedup_vs_xla"] > 0
@@ -348,7 +352,8 @@ def test_fp8_tiny_report(fp8_run):
   assert "| XLA dot (bf16) | ok |" in report and "last-step loss rel diff vs XLA" in report
   targets = report[report.index("## FP8 GEMM targets (issue 28)"):]
   step = next(x for x in targets.splitlines() if x.startswith("| FP8 training step (fp8."))
-  assert "fp8=tensor" in step and step.endswith("| not measured (3 steps) |")
+  # a CPU run's step: the target (a GPU number, after 100 steps) does not apply
+  assert "fp8=tensor" in step and step.endswith("| n/a (not a GPU run) |")
   assert "sq8192" not in targets.split("## Kernel ladders")[0]
   assert "#### FP8 GEMMs: suite `fp8-tiny`" in (fp8_run / "README_TABLES.md").read_text()
 
@@ -428,9 +433,9 @@ def test_report_renders_the_issue_28_targets(tmp_path):
   _synthetic_fp8_csv(csv_path)
   made = generate(csv_path)
   run = made["run"]
-  assert run.is_fp8("fp8") and not run.is_moe("fp8") and not run.is_epilogue("fp8")
+  assert S.entry_of("fp8") is SM.ENTRY     # the report shows it with scaled_matmul's tables
   assert list(run.backend_variants) == ["xla", "triton", "pallas"]     # no xla_peer
-  table = "\n".join(tables.fp8_targets_table(run))
+  table = "\n".join(SM.fp8_targets_table(run))
   lines = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
   assert table.splitlines()[0] == (
       "| problem | target | XLA fp8 dot (no scales) | XLA scaled form | XLA bf16 dot | xla (best "
@@ -446,7 +451,7 @@ def test_report_renders_the_issue_28_targets(tmp_path):
   assert lines["sq4096.block (4096x4096x4096, block scales)"].endswith("| met |")
   assert not any(k.startswith("sq8192.block") for k in lines)              # not in this run
   tensor = lines[f"FP8 training step ({T.GPU_FP8_MODEL.name}), fp8=tensor"]
-  assert "| 100.00 ms (bf16 step) |" in tensor and "| 78.00 ms (1.28x), loss 0.40% off |" in tensor
+  assert "| 100.00 ms (bf16 step) |" in tensor and "| 1.28x (XLA 100.00 / 78.00 ms), loss 0.40% off |" in tensor
   assert tensor.endswith("| met |")
   block = lines[f"FP8 training step ({T.GPU_FP8_MODEL.name}), fp8=block"]
   assert block.endswith("| **missed** |")                     # 1.22x, and 3.1% off
@@ -459,7 +464,7 @@ def test_report_renders_the_issue_28_targets(tmp_path):
   readme = made["readme_tables"].read_text()
   assert "#### FP8 GEMM targets (issue 28)" in readme and "#### FP8 GEMMs: suite `fp8`" in readme
   # the FP8 step is not the dense model's default target (issue 6's "<= XLA's step")
-  assert not any("fp8." in line for line in tables.defaults_summary(run))
+  assert not any("fp8." in line for line in MM.defaults_summary(run))
   assert "| XLA dot (bf16) | ok |" in report
 
 
@@ -480,7 +485,7 @@ def test_a_step_run_alone_merges_with_the_gemm_run(tmp_path):
   run = generate(merged)["run"]
   steps = [r for r in run.rows if r["kind"] == "train_step"]
   assert len(steps) == len(_STEP_MS) and all(r["status"] == "ok" for r in steps)
-  table = "\n".join(tables.fp8_targets_table(run))
+  table = "\n".join(SM.fp8_targets_table(run))
   assert f"FP8 training step ({T.GPU_FP8_MODEL.name}), fp8=tensor" in table
   assert "skipped" not in "\n".join(tables.training_table(run))
 

@@ -26,15 +26,18 @@ import jaxgemm
 from jaxgemm import timing
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import moe
-from jaxgemm.bench import problems as P
 from jaxgemm.bench import runner
+from jaxgemm.bench import suites as S
 from jaxgemm.bench import training as T
-from jaxgemm.bench.report import csvio, generate, tables, view
+from jaxgemm.bench.ops import matmul as MM
+from jaxgemm.bench.ops import ragged_dot as RD
+from jaxgemm.bench.report import csvio, tables
+from jaxgemm.bench.report.make import generate
 from jaxgemm.ops.ragged_dot.primitive import example_group_sizes
 from conftest import SLOW_INTERPRETERS
 
-MOE = P.MOE_SUITES["moe"]
-TINY = P.MOE_SUITES["moe-tiny"]
+MOE = RD.MOE_SUITES["moe"]
+TINY = RD.MOE_SUITES["moe-tiny"]
 
 
 def _ctx(rows, **kw):
@@ -46,8 +49,8 @@ def _ctx(rows, **kw):
 # ---------------------------------------------------------------- the problem table
 
 def test_moe_suite_is_the_issues_problems():
-  assert P.SUITE_OP["moe"] == P.SUITE_OP["moe-tiny"] == "ragged_dot"
-  assert "moe-tiny" in P.CPU_DEFAULT_SUITES and "moe" not in P.GPU_DEFAULT_SUITES
+  assert S.SUITE_OP["moe"] == S.SUITE_OP["moe-tiny"] == "ragged_dot"
+  assert "moe-tiny" in S.CPU_DEFAULT_SUITES and "moe" not in S.GPU_DEFAULT_SUITES
   fwd = {(p.groups, p.m, p.k, p.n) for p in MOE if p.mode == "fwd"}
   assert fwd == {(8, 16384, 4096, 14336), (64, 16384, 2048, 1408), (128, 8192, 7168, 2048),
                  (8, 128, 4096, 14336)}
@@ -64,7 +67,7 @@ def test_moe_suite_is_the_issues_problems():
   assert 128 * 7168 * 2048 * 2 == pytest.approx(3.76e9, rel=1e-3)
   assert g128.min_bytes("bf16") > 3.76e9 and decode.min_bytes("bf16") > 0.939e9
   assert all(p.default for p in MOE) and any(p.quick for p in MOE)
-  for suite in P.MOE_SUITES.values():
+  for suite in RD.MOE_SUITES.values():
     assert len({p.name for p in suite}) == len(suite)
 
 
@@ -374,8 +377,8 @@ def test_report_renders_the_issue_26_targets(tmp_path):
   _synthetic_moe_csv(csv_path)
   made = generate(csv_path)
   run = made["run"]
-  assert run.is_moe("moe") and "jax_example" not in run.backend_variants
-  table = "\n".join(tables.moe_targets_table(run))
+  assert S.entry_of("moe") is RD.ENTRY and "jax_example" not in run.backend_variants
+  table = "\n".join(RD.moe_targets_table(run))
   lines = {line.split(" (")[0].strip("| "): line for line in table.splitlines()[2:]}
   assert table.splitlines()[0] == ("| problem | target | XLA | jax example | triton (best "
                                    "variant) | pallas (best variant) | default (auto) |  |")
@@ -396,7 +399,7 @@ def test_report_renders_the_issue_26_targets(tmp_path):
   assert "| 650.0 TFLOP/s (0.93x fwd) |" in wgrad and wgrad.endswith("| met |")
   assert lines["g64.m16384.k2048.n1408.wgrad"].endswith("| **missed** |")   # 0.65x
   train = lines["MoE training step"]
-  assert "| 30.00 ms | - |" in train and "| 3.75x (8.00 ms) |" in train
+  assert "| 30.00 ms | - |" in train and "| 3.75x (XLA 30.00 / 8.00 ms) |" in train
   assert train.endswith("| met |")
   report = made["report"].read_text()
   assert "## Grouped GEMM targets (issue 26)" in report
@@ -410,11 +413,11 @@ def test_report_renders_the_issue_26_targets(tmp_path):
   assert "#### Grouped GEMM targets (issue 26)" in readme
   assert "#### Grouped GEMM: suite `moe`" in readme
   # the MoE step is not the dense model's default target (issue 6's "<= XLA's step")
-  assert not any("moe." in line for line in tables.defaults_summary(run))
+  assert not any("moe." in line for line in MM.defaults_summary(run))
   assert "| XLA lax.ragged_dot | ok |" in report
   head = tables.headline_table(run)
   assert any(line.startswith("| moe |") for line in head)
-  assert view.EXAMPLE == moe.EXAMPLE
+  assert moe.EXAMPLE in S.PEERS     # the example's rows are a peer's, not jaxgemm kernel rows
 
 
 def test_time_budget_leaves_the_rest_skipped():

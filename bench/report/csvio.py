@@ -48,6 +48,15 @@ COLUMNS = [
 ]
 
 
+# Values of the `backend` column that are not jaxgemm backends: XLA's own op on the
+# problem, the reference of every ratio (`runner.REF`), and jaxgemm's default
+# (`runner.AUTO`: jaxgemm.matmul(a, b) with nothing named), a row of its own on every
+# problem, kept apart from the backends it picks from. An op's entry names its other
+# such values (`entry.BenchOp.peers`).
+REF = "xla_dot"
+AUTO = "auto"
+
+
 # ---------------------------------------------------------------- provenance
 
 def _run(cmd, cwd=None) -> str:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
+from ..suites import entry_of
 from .csvio import num
 from .view import REF, Run
+
+# What a bar's absence means, by the row's status (a variant with no row on a problem
+# did not run there).
+_MISSING = {"skipped": "skipped", "fail": "failed", "error": "error",
+            "unsupported": "unsupported", "": "not run"}
 
 
 def _plt():
@@ -52,36 +58,62 @@ def plot_size(run: Run, path: Path) -> bool:
 
 
 def plot_ladder(run: Run, path: Path) -> bool:
+  """Each backend's rungs on the ladder problems (a panel per backend): a bar per variant
+  that ran there, XLA's dot in black; a missing bar is labelled with why (skipped, failed,
+  unsupported), and the panel's title counts them."""
   ladder = [r for r in run.gemm if r["backend"] == REF and r.get("ladder") == "1"]
   if not ladder or not run.backend_variants:
     return False
   plt = _plt()
-  bs = list(run.backend_variants)
-  fig, axes = plt.subplots(len(bs), 1, figsize=(max(7, 1.8 * len(ladder) + 3), 3.6 * len(bs)),
-                           squeeze=False)
-  for ax, b in zip(axes[:, 0], bs):
-    vs = run.backend_variants[b]
+
+  def rows_of(b, v, ref):
+    return [r for r in run.kernel_rows(ref["suite"], ref["problem"])
+            if r["backend"] == b and r["variant"] == v]
+
+  # Only the variants that have rows on the ladder problems (not another op's variants).
+  panels = {b: [v for v in vs if any(rows_of(b, v, ref) for ref in ladder)]
+            for b, vs in run.backend_variants.items()}
+  panels = {b: vs for b, vs in panels.items() if vs}
+  if not panels:
+    return False
+  fig, axes = plt.subplots(len(panels), 1, figsize=(max(7, 1.8 * len(ladder) + 3),
+                                                    3.6 * len(panels)), squeeze=False)
+  for ax, (b, vs) in zip(axes[:, 0], panels.items()):
     labels = ["XLA dot", *vs]
     width = 0.8 / len(labels)
-    all_ys = []
+    all_ys, missing, marks = [], Counter(), []
     for i, lab in enumerate(labels):
       ys = []
-      for ref in ladder:
+      for j, ref in enumerate(ladder):
+        x = j + (i - (len(labels) - 1) / 2) * width
         if lab == "XLA dot":
-          ys.append(num(ref["tflops"]) or 0)
+          ys.append(num(ref["tflops"]) if ref["status"] == "ok" else 0)
           continue
-        rr = [r for r in run.kernel_rows(ref["suite"], ref["problem"])
-              if r["backend"] == b and r["variant"] == lab and r["status"] == "ok"]
-        ys.append(num(rr[0]["tflops"]) if rr else 0)
+        rr = rows_of(b, lab, ref)
+        ok = [r for r in rr if r["status"] == "ok" and num(r["tflops"])]
+        ys.append(num(ok[0]["tflops"]) if ok else 0)
+        if not ok:
+          status = rr[0]["status"] if rr else ""
+          why = _MISSING.get(status, status)
+          missing[why] += 1
+          marks.append((x, why))
       xs = [j + (i - (len(labels) - 1) / 2) * width for j in range(len(ladder))]
       ax.bar(xs, ys, width, label=lab, color="black" if lab == "XLA dot" else None)
       all_ys += ys
     _autoscale(ax, all_ys)
+    bottom = ax.get_ylim()[0]
+    for x, why in marks:     # the reason where the bar would be
+      ax.text(x, bottom, f" {why}", rotation=90, ha="center", va="bottom", fontsize=6,
+              color="0.35")
     ax.set_xticks(range(len(ladder)))
-    ax.set_xticklabels([f"{r['problem']}\n{r['m']}x{r['k']}x{r['n']}" for r in ladder], fontsize=7)
+    several_dtypes = len({r["dtype"] for r in ladder}) > 1   # a merged run's (as the tables)
+    ax.set_xticklabels([f"{r['problem']}\n{r['m']}x{r['k']}x{r['n']}"
+                        + (f"\n{r['dtype']}" if several_dtypes else "") for r in ladder],
+                       fontsize=7)
     ax.set_ylabel("TFLOP/s")
-    ax.set_title(f"kernel ladder: {b} (missing bar = failed/unsupported)")
-    ax.legend(fontsize=7, ncol=min(len(labels), 6))
+    gone = ", ".join(f"{n} {why}" for why, n in missing.most_common())
+    ax.set_title(f"kernel ladder: {b}" + (f" (no bar: {gone})" if gone else ""))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1), borderaxespad=0)
     ax.grid(axis="y", alpha=0.3)
   _save(fig, run, path)
   return True
@@ -147,27 +179,41 @@ def plot_bandwidth(run: Run, path: Path) -> bool:
 
 
 def plot_training(run: Run, path: Path) -> bool:
-  losses = defaultdict(list)
-  models = list(dict.fromkeys(r["problem"] for r in run.rows if r["kind"] == "train_loss"))
+  """The loss per step of each training model (a panel per model: the dense model, the
+  MoE, SwiGLU and FP8 ones), XLA's trajectory thick and grey under the others."""
+  by_model: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+  labels = {}
   for r in run.rows:
     if r["kind"] == "train_loss":
-      who = "XLA dot" if r["backend"] == REF else f"{r['backend']}/{r['variant']}"
-      if len(models) > 1:   # the dense model and the moe suites' MoE model: say which
-        who = f"{r['problem'].split('.', 1)[0]}: {who}"
-      losses[who].append((int(num(r["step"])), num(r["loss"])))
-  if not losses:
+      who = (entry_of(r["suite"]).train_ref_label if r["backend"] == REF
+             else f"{r['backend']}/{r['variant']}")
+      by_model[r["problem"]][who].append((int(num(r["step"])), num(r["loss"])))
+      labels[r["problem"]] = r["suite"]
+  if not by_model:
     return False
   plt = _plt()
-  fig, ax = plt.subplots(figsize=(7, 4.2))
-  for who, pts in losses.items():
-    pts.sort()
-    style = dict(color="black", linewidth=2.5, alpha=0.5) if who.endswith("XLA dot") else {}
-    ax.plot(*zip(*pts), label=who, **style)
-  ax.set_xlabel("step")
-  ax.set_ylabel("training loss")
-  ax.set_title("training loss: jaxgemm GEMMs vs XLA's dot (same init, same data)")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  fig, axes = plt.subplots(len(by_model), 1, figsize=(9, 3.3 * len(by_model)), squeeze=False)
+  colors = plt.get_cmap("tab10").colors
+  markers = "os^vD<>ph*"
+  for ax, (model, lines) in zip(axes[:, 0], by_model.items()):
+    others = 0
+    for who, pts in lines.items():
+      pts.sort()
+      if who == entry_of(labels[model]).train_ref_label:
+        style = dict(color="0.55", linewidth=4, alpha=0.6, zorder=1)
+      else:   # distinct within the panel: its own colour and marker
+        style = dict(color=colors[others % len(colors)], linewidth=1.2,
+                     marker=markers[others % len(markers)], markersize=3.5,
+                     markevery=max(1, len(pts) // 12), zorder=2)
+        others += 1
+      ax.plot(*zip(*pts), label=who, **style)
+    ax.xaxis.get_major_locator().set_params(integer=True)   # steps
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(f"training loss of {model} (suite {labels[model]}): jaxgemm's GEMMs vs XLA's, "
+                 "same init and data", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1), borderaxespad=0)
   _save(fig, run, path)
   return True
 
@@ -180,10 +226,12 @@ def _autoscale(ax, values):
 
 
 def _save(fig, run: Run, path: Path) -> None:
+  """Writes the figure with the run's title; `bbox_inches="tight"` keeps legends placed
+  outside the axes inside the image."""
   plt = _plt()
   _title(fig, run)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
   plt.close(fig)
 
 

@@ -2,26 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
-from .csvio import num
-
-REF = "xla_dot"
-# jaxgemm's default, jaxgemm.matmul(a, b) (runner.AUTO / AUTO_VARIANT): a row of its
-# own on every problem, kept apart from the backends it picks from.
-AUTO, AUTO_VARIANT = "auto", "default"
-# jax's example grouped GEMM kernel (the moe suites, bench/moe.py): a peer measured
-# beside the kernels, not one of jaxgemm's backends.
-EXAMPLE = "jax_example"
-# XLA's other programs of an fp8 problem (bench/fp8.py: its fp8 dot without scales, its
-# bf16 dot): measured beside the kernels against XLA's scaled form, not jaxgemm backends.
-XLA_PEER = "xla_peer"
-PEERS = (EXAMPLE, XLA_PEER)
-
-
-def geomean(xs):
-  xs = [x for x in xs if x and x > 0]
-  return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+from ..suites import PEERS
+from .csvio import AUTO, REF, num
 
 
 def _merged_view(rows: list[dict]) -> list[dict]:
@@ -53,7 +35,12 @@ def _merged_view(rows: list[dict]) -> list[dict]:
 
 
 class Run:
-  """The CSV's rows, indexed for the tables and plots."""
+  """The CSV's rows, indexed for the tables and plots.
+
+  Rows of a problem are XLA's reference (backend REF), jaxgemm's kernels (each
+  backend's variants, and the default, AUTO) and the peers of the op's entry
+  (`suites.PEERS`: programs measured beside the kernels, not jaxgemm backends).
+  """
 
   def __init__(self, rows: list[dict]):
     rows = _merged_view(rows)
@@ -96,31 +83,11 @@ class Run:
     return [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
             and r["backend"] not in (REF, *PEERS)]
 
-  def peer(self, suite: str, problem: str, variant: str) -> dict | None:
-    """XLA's other program `variant` of an fp8 problem (backend XLA_PEER), if it ran."""
-    rr = [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
-          and r["backend"] == XLA_PEER and r["variant"] == variant]
-    return rr[0] if rr else None
-
-  def example(self, suite: str, problem: str) -> dict | None:
-    """jax's example kernel's row of the problem (moe suites), if it has one."""
-    rr = [r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
-          and r["backend"] == EXAMPLE]
-    return rr[0] if rr else None
-
-  def is_moe(self, suite: str) -> bool:
-    """Whether `suite` holds grouped GEMMs (ragged_dot: rows with a `mode`, no `expr` or
-    `scaling`)."""
-    return any(r.get("mode") and not r.get("expr") and not r.get("scaling")
-               for r in self.problems(suite))
-
-  def is_fp8(self, suite: str) -> bool:
-    """Whether `suite` holds FP8 GEMMs with scales (rows with a `scaling`)."""
-    return any(r.get("scaling") for r in self.problems(suite))
-
-  def is_epilogue(self, suite: str) -> bool:
-    """Whether `suite` holds GEMM epilogue expressions (rows with an `expr`)."""
-    return any(r.get("expr") for r in self.problems(suite))
+  def row(self, suite: str, problem: str, backend: str, variant: str | None = None):
+    """The problem's (first) row of `backend` (and `variant`), if it has one: a peer's
+    (jax's example kernel, XLA's other programs of an fp8 problem)."""
+    return next((r for r in self.gemm if r["suite"] == suite and r["problem"] == problem
+                 and r["backend"] == backend and variant in (None, r["variant"])), None)
 
   def auto(self, suite: str, problem: str) -> dict | None:
     """The default's (backend='auto') row of the problem, if it ran."""
@@ -138,4 +105,3 @@ class Run:
       if r["kind"] == "copy_bw":
         return num(r["gbps"])
     return None
-
