@@ -5,17 +5,20 @@
     >>> float(jaxgemm.matmul(a, b, backend="xla")[0, 0])
     32.0
 
-Layout (docs/architecture.md): `ops/<op>/` holds each op (public function,
-primitive and rules, problem type, one backend module per kernel family) ->
-`dispatch` decides which kernel runs a problem (explicit, tuned, heuristic)
--> `registry` holds the ops and their backends -> the kernels, one file per
-rung, in `jaxgemm.kernels.<family>.<op>` (the repository's `kernels/`).
+Layout (docs/architecture.md): `ops/router.py` sends `matmul` to the op that
+computes the call -> `ops/<op>/` holds each op (public function, primitive and
+rules, problem type, one backend module per kernel family) -> the kernels, one
+file per rung, in `jaxgemm.kernels.<family>.<op>` (the repository's `kernels/`)
+-> the layer below all of them: `gemm` (what the GEMM ops and kernels share),
+`ragged_schedule`, `dispatch` (which kernel runs a problem: explicit, tuned,
+heuristic), `registry` (the ops and their backends), `config`.
 """
 
 from jaxgemm.config import KernelConfig
 from jaxgemm.dispatch import KernelFallbackWarning
 from jaxgemm.ops.matmul import (GemmProblem, PallasConfig, TritonConfig, XlaConfig,
-                                dot_general, matmul, matmul_p)
+                                dot_general, matmul_p)
+from jaxgemm.ops.router import matmul
 from jaxgemm.ops.fused_matmul import FusedMatmulProblem, fused_matmul_p
 from jaxgemm.ops.glu import GluProblem, glu, glu_p
 from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,

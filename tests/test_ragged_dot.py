@@ -321,7 +321,7 @@ def test_row_tiles_cover_every_row_once(trial, rng):
   """Each row is in exactly one slot, of its own group (or of the zero pseudo-group G),
   a slot at most block_m rows, for every alignment of the tiles; also for a device's
   share of a sharded call."""
-  from jaxgemm.ops.ragged_dot import schedule
+  from jaxgemm import ragged_schedule as schedule
   m, groups = int(rng.integers(1, 300)), int(rng.integers(1, 9))
   block_m, batch = int(rng.choice([16, 64, 128])), int(rng.integers(1, 3))
   sizes = rng.integers(0, m, size=(batch, groups)) * (rng.random((batch, groups)) < 0.7)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from gemm_testing import assert_gemm_close, ragged_dot_reference, random_array, tolerance
-from jaxgemm.ops.ragged_dot import schedule
+from jaxgemm import ragged_schedule as schedule
 from jaxgemm.ops.ragged_dot.pallas import PallasRaggedDot, RaggedDotPallasConfig
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 

@@ -20,7 +20,7 @@ from gemm_testing import (as_f64, assert_gemm_close, ragged_dot_reference,
 
 triton = pytest.importorskip("triton")
 from jaxgemm.kernels.triton.ragged_dot import grouped  # noqa: E402
-from jaxgemm.ops.ragged_dot import schedule  # noqa: E402
+from jaxgemm import ragged_schedule as schedule  # noqa: E402
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem  # noqa: E402
 from jaxgemm.ops.ragged_dot.triton import (  # noqa: E402
     RaggedDotTritonConfig, TritonRaggedDot)

@@ -25,7 +25,8 @@ from test_scaled_matmul import (A_BLOCK, ACC_TOL, B_BLOCK, BF16, E4M3, E5M2, F32
 
 pytest.importorskip("triton")
 from jaxgemm.kernels.triton.scaled_matmul import scaled, transpose  # noqa: E402
-from jaxgemm.ops.matmul.triton import SMEM_BYTES, TritonConfig  # noqa: E402
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES as SMEM_BYTES  # noqa: E402
+from jaxgemm.ops.matmul.triton import TritonConfig  # noqa: E402
 from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem  # noqa: E402
 from jaxgemm.ops.scaled_matmul.triton import TritonScaledMatmul  # noqa: E402
 

@@ -589,6 +589,7 @@ def test_derived_gemms_pass_the_variant_check(kernel, dims, batch):
   """The GEMMs that grad and vmap derive run on the forward's kernel: each must be
   one that kernel accepts (its `check`), as the forward was, or it would run a
   kernel outside its contract. Traced only."""
+  from jaxgemm.ops import rules
   from jaxgemm.ops.matmul import primitive
   a_shape, b_shape = _shapes(dims, batch=batch)
   fn = lambda a, b, **kw: jaxgemm.dot_general(a, b, dims, **kw)
@@ -603,7 +604,7 @@ def test_derived_gemms_pass_the_variant_check(kernel, dims, batch):
     for e in iter_eqns(jaxpr):
       if e.primitive is jaxgemm.matmul_p:
         problem = primitive.problem_of(*[v.aval for v in e.invars], **e.params)
-        c = primitive.resolve_kernel(problem, e.params)
+        c = rules.resolve_kernel(problem, e.params)
         assert (c.backend, c.variant) == (kernel.backend, kernel.variant)
         jaxgemm.registry.get_backend(c.backend).check(problem, c.variant, c.config)
         checked += 1

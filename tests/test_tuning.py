@@ -23,6 +23,7 @@ import jaxgemm
 from gemm_testing import (DriftingTimer, assert_gemm_close, matmul_reference, random_array,
                           tolerance)
 from jaxgemm import dispatch, registry, timing, tuning, tuning_cache
+from jaxgemm.ops import rules
 from jaxgemm.ops.matmul import primitive
 from jaxgemm.ops.matmul.triton import TritonConfig
 
@@ -181,7 +182,7 @@ def test_auto_runs_the_tuned_kernel_under_jit_grad_and_vmap(table, rng):
   jaxpr = jax.make_jaxpr(jaxgemm.matmul)(a, b)
   eqn, = [e for e in jaxpr.eqns if e.primitive is primitive.matmul_p]
   assert eqn.params["backend"] == "auto"
-  c = primitive.resolve_kernel(p, eqn.params, "cpu")
+  c = rules.resolve_kernel(p, eqn.params, "cpu")
   assert (c.backend, c.variant, c.config) == ("triton", "tensorcore", SMALL)
 
   ref, bound = matmul_reference(a, b)

@@ -34,9 +34,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-# Hopper: 227 KiB of shared memory per CTA (the opt-in maximum of sm_90).
-SMEM_CAPACITY_BYTES = 227 * 1024
-
 
 # ---------------------------------------------------------------- version shims
 

@@ -1,7 +1,8 @@
 """`matmul` with an epilogue: `activation(a @ b + bias) + residual` in one kernel.
 
-`jaxgemm.matmul(a, b, bias=..., activation=..., residual=...)` lands here. The
-operands take matmul's canonical layout (`jaxgemm.ops.matmul.api.canonical_layout`),
+`jaxgemm.matmul(a, b, bias=..., activation=..., residual=...)` lands here
+(`jaxgemm.ops.router`). The operands take matmul's canonical layout
+(`jaxgemm.gemm.canonical_layout`),
 the epilogue's arguments are checked against it, and the call binds
 `fused_matmul_p`; what the kernels do not take (integer operands, a
 precision they do not know, out_sharding) goes to the jnp expression under
@@ -14,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgemm import sharding
+from jaxgemm import gemm, sharding
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.primitive import bind
-from jaxgemm.ops.matmul import api as matmul_api
+from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
 
 
 def reference(a, b, bias, activation, residual, **matmul_kwargs):
@@ -95,38 +96,37 @@ def fused_matmul(a, b, *, bias=None, activation=None, residual=None, precision=N
     >>> y.shape, float(y[0, 0, 0])
     ((2, 4, 16), 9.0)
   """
-  dtype, out_dtype = matmul_api._dtypes(a, b, preferred_element_type)
+  dtype, out_dtype = gemm.matmul_dtypes(a, b, preferred_element_type)
   check_activation_dtype(activation, out_dtype, "matmul")
-  layout = matmul_api.canonical_layout(a, b)
+  layout = gemm.canonical_layout(a, b)
   bias = None if bias is None else jnp.asarray(bias)
   residual = None if residual is None else jnp.asarray(residual)
   check_epilogue(layout.out_shape, out_dtype, bias, activation, residual,
                  has_n=bool(layout.n_dims))
-  problem, why_not = matmul_api._problem(layout.batch, layout.rows, layout.n, layout.k, dtype,
-                                         out_dtype, False, False, precision)
+  problem, why_not = gemm.gemm_problem(layout.batch, layout.rows, layout.n, layout.k, dtype,
+                                       out_dtype, False, False, precision)
   if out_sharding is not None:
     problem, why_not = None, "out_sharding is not supported with an epilogue"
   jnp_kwargs = dict(precision=precision, preferred_element_type=preferred_element_type,
                     out_sharding=sharding.canonical_out_sharding(out_sharding, "matmul"))
   if problem is not None:
-    from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem  # noqa: PLC0415
     problem = FusedMatmulProblem(
         **{f: getattr(problem, f) for f in problem.__dataclass_fields__},
         activation=activation, bias="shared" if bias is not None else None,
         residual=residual is not None)
-  route = matmul_api._route(problem, backend, variant, config, why_not)
-  if route is None:
+  params = gemm.kernel_params(problem, backend, variant, config, why_not)
+  if params is None:
     return reference(a, b, bias, activation, residual, **jnp_kwargs)
 
   # A 1-D operand has no M (N) dimension; the kernels want one of each.
   a2 = a[None] if a.ndim == 1 else a
   b2 = b[:, None] if b.ndim == 1 else b
-  layout2 = matmul_api.canonical_layout(a2, b2)
+  layout2 = gemm.canonical_layout(a2, b2)
   a3, b3 = layout2.operands(a2.astype(dtype), b2.astype(dtype))
   extras = [x for x in (bias, None if residual is None else residual.reshape(layout2.out_shape))
             if x is not None]
   (y,) = bind(a3, b3, *extras, ndims=layout2.ndims, out_dtype=out_dtype,
               acc_dtype=problem.acc_dtype, precision=problem.precision,
               activation=activation, bias="shared" if bias is not None else None,
-              residual=residual is not None, **route)
+              residual=residual is not None, **params)
   return y.reshape(layout.out_shape)

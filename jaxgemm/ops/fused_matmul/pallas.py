@@ -40,6 +40,7 @@ import numpy as np
 
 from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
 from jaxgemm.ops.fused_matmul.problem import (EPILOGUE_WIN_PALLAS_MIN_M,
@@ -81,7 +82,7 @@ def smem_bytes(problem, variant: str, config: PallasConfig,
 def fit_stages(problem, variant: str, config: PallasConfig, itemsize: int | None):
   """`config` with its ring shrunk (to 2 stages at least) until shared memory fits."""
   while (sum(smem_bytes(problem, variant, config, itemsize).values())
-         > matmul_pallas._SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
+         > SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
     config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
   return config
 
@@ -167,13 +168,13 @@ class PallasFusedMatmul(registry.Backend):
     # ...and shared memory with the epilogue's tile slots.
     parts = smem_bytes(problem, variant, config, tile_itemsize(problem))
     total = sum(parts.values())
-    if total > matmul_pallas._SMEM_CAPACITY_BYTES:
+    if total > SMEM_CAPACITY_BYTES:
       detail = " + ".join(f"{k}={v}" for k, v in parts.items())
       raise ValueError(
           f"backend='pallas' variant={variant!r} fused_matmul ({problem.epilogue}) with "
           f"tile_m={config.tile_m}, tile_n={config.tile_n}, tile_k={config.tile_k}, "
           f"max_concurrent_steps={config.max_concurrent_steps} needs {total} bytes of shared "
-          f"memory ({detail}), more than the {matmul_pallas._SMEM_CAPACITY_BYTES} bytes a "
+          f"memory ({detail}), more than the {SMEM_CAPACITY_BYTES} bytes a "
           f"Hopper CTA can have; lower max_concurrent_steps, tile_k or the tiles")
 
   def default_config(self, problem: FusedMatmulProblem, variant: str) -> PallasConfig:
@@ -192,7 +193,7 @@ class PallasFusedMatmul(registry.Backend):
     itemsize = tile_itemsize(problem)
     narrow = dataclasses.replace(config, epi_tile_n=min(32, config.epi_tile_n))
     if (itemsize and sum(smem_bytes(problem, variant, config, itemsize).values())
-        > matmul_pallas._SMEM_CAPACITY_BYTES):
+        > SMEM_CAPACITY_BYTES):
       config = narrow
     return fit_stages(problem, variant, config, itemsize)
 

@@ -32,8 +32,6 @@ nonlinear epilogue: partial sums cannot go through an activation).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,8 +40,9 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxgemm import registry, sharding
+from jaxgemm.gemm import dimension_groups
 from jaxgemm.ops import activations, rules
-from jaxgemm.ops.rules import moved
+from jaxgemm.ops.rules import add_terms, bias_to_out, is_zero, moved
 from jaxgemm.ops.base import Op, normal_operands
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
 from jaxgemm.ops.matmul import primitive as matmul_primitive
@@ -61,8 +60,8 @@ def _gemm_params(params) -> dict:
 
 
 def _out_full_shape(a_shape, b_shape, *, trans_a, trans_b, ndims, **_):
-  (batch, m, _), (_, _, n) = matmul_primitive._groups(a_shape, b_shape, trans_a=trans_a,
-                                                      trans_b=trans_b, ndims=ndims)
+  (batch, m, _), (_, _, n) = dimension_groups(a_shape, b_shape, trans_a=trans_a,
+                                              trans_b=trans_b, ndims=ndims)
   return (*batch, *m, *n)
 
 
@@ -132,22 +131,6 @@ def _impl(*args, **params):
 
 # ---------------------------------------------------------------- autodiff
 
-def _is_zero(t) -> bool:
-  return type(t) is ad.Zero
-
-
-def _sum(terms):
-  terms = [t for t in terms if t is not None]
-  return functools.reduce(jnp.add, terms) if terms else None
-
-
-def _bias_to_out(bias, out_shape, nb, nn, kind):
-  """A bias ((*N,) shared, or (*batch, *N) batched) broadcast to the output's full shape."""
-  n_dims = tuple(range(len(out_shape) - nn, len(out_shape)))
-  dims = n_dims if kind == "shared" else (*range(nb), *n_dims)
-  return lax.broadcast_in_dim(bias, out_shape, dims)
-
-
 def _gated(x, y, z, params, gate):
   """The GEMM of x and y (params' layout) gated on `gate` by g(z); plain if z is None."""
   if z is None:
@@ -170,13 +153,13 @@ def _forward_jvp(primals, tangents, **params):
   # The bias's tangent stays fp32 up to the sum: transposed, its cotangent is a sum
   # over every row, which in bf16 lost 1.2% (Frobenius) against XLA's at 4096^3
   # (bench/results/h100-epilogue-2026-11-25, sq4096.bias.gelu.fwd+bwd).
-  bias_term = (None if bias_t is None or _is_zero(bias_t)
-               else _bias_to_out(bias_t.astype(np.float32), out_shape, nb, nn, params["bias"]))
+  bias_term = (None if bias_t is None or is_zero(bias_t)
+               else bias_to_out(bias_t.astype(np.float32), out_shape, nb, nn, params["bias"]))
   gemm = dict(params, variant=None, config=None)   # the caller's tiles were for the forward
   if params["save_preactivation"] or act is None:
     # Z's tangent is wanted (or Y's is Z's): plain GEMMs, then the derivative.
-    dz = _sum([None if _is_zero(da) else _gated(da, b, None, gemm, None),
-               None if _is_zero(db) else _gated(a, db, None, gemm, None), bias_term])
+    dz = add_terms([None if is_zero(da) else _gated(da, b, None, gemm, None),
+               None if is_zero(db) else _gated(a, db, None, gemm, None), bias_term])
     dz = jnp.zeros(out_shape, out_dtype) if dz is None else dz
     dy = (dz if act is None else activations.derivative(act, z.astype(np.float32)) * dz
           ).astype(out_dtype)
@@ -184,10 +167,10 @@ def _forward_jvp(primals, tangents, **params):
   else:
     g_bias = (None if bias_term is None else
               activations.derivative(act, z.astype(np.float32)) * bias_term)
-    dy = _sum([None if _is_zero(da) else _gated(da, b, z, gemm, "out"),
-               None if _is_zero(db) else _gated(a, db, z, gemm, "out"), g_bias])
+    dy = add_terms([None if is_zero(da) else _gated(da, b, z, gemm, "out"),
+               None if is_zero(db) else _gated(a, db, z, gemm, "out"), g_bias])
     dy = jnp.zeros(out_shape, out_dtype) if dy is None else dy.astype(out_dtype)
-  if residual_t is not None and not _is_zero(residual_t):
+  if residual_t is not None and not is_zero(residual_t):
     dy = dy + residual_t.astype(out_dtype)
   if params["save_preactivation"]:
     return [y, z], [dy, dz]
@@ -201,9 +184,9 @@ def _gated_jvp(primals, tangents, **params):
   gate, act = params["gate"], params["gate_activation"]
   outs = fused_matmul_p.bind(a, b, z, **params)
   gemm = dict(params, variant=None, config=None)
-  terms = [None if _is_zero(da) else fused_matmul_p.bind(da, b, z, **gemm)[0],
-           None if _is_zero(db) else fused_matmul_p.bind(a, db, z, **gemm)[0]]
-  if not _is_zero(dz):
+  terms = [None if is_zero(da) else fused_matmul_p.bind(da, b, z, **gemm)[0],
+           None if is_zero(db) else fused_matmul_p.bind(a, db, z, **gemm)[0]]
+  if not is_zero(dz):
     # d g(Z) = g'(Z) dZ, applied to whatever g multiplies.
     dg = jax.jvp(lambda z: activations.derivative(act, z), (z.astype(np.float32),),
                  (dz.astype(np.float32),))[1]
@@ -214,7 +197,7 @@ def _gated_jvp(primals, tangents, **params):
       terms.append(matmul_primitive.bind((a * dg).astype(a.dtype), b, **plain))
     else:
       terms.append(matmul_primitive.bind(a, (b * dg).astype(b.dtype), **plain))
-  out = _sum(terms)
+  out = add_terms(terms)
   out = jnp.zeros(outs[0].shape, outs[0].dtype) if out is None else out.astype(outs[0].dtype)
   return outs, [out]
 
@@ -227,7 +210,7 @@ def _gated_transpose(cts, a, b, z, **params):
   """A gated GEMM's transpose: matmul_p's two backward GEMMs, each gated where the
   gated tensor went (an operand of it: gate that side; its result: gate "out")."""
   (ct,) = cts
-  if _is_zero(ct) or ad.is_undefined_primal(z):
+  if is_zero(ct) or ad.is_undefined_primal(z):
     if ad.is_undefined_primal(z):
       raise ValueError("fused_matmul_p is not linear in its gate operand Z")
     return [None if not ad.is_undefined_primal(x) else ad.Zero(x.aval) for x in (a, b)] + [None]

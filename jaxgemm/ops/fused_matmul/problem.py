@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxgemm.ops.matmul.problem import GemmProblem
+from jaxgemm.gemm import GemmProblem
 
 # Where a bias comes from: one row for every batch ("shared", shape (N,)) or
 # one per batch ("batched", shape (batch, N), after vmap over the bias).

@@ -32,11 +32,12 @@ import importlib
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, within_shared_memory
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
 from jaxgemm.ops.fused_matmul.problem import (EPILOGUE_WIN_PALLAS_MIN_M,
                                               activation_epilogue_wins)
-from jaxgemm.ops.matmul.triton import SMEM_BYTES, TritonConfig, TritonMatmul
+from jaxgemm.ops.matmul.triton import TritonConfig, TritonMatmul
 
 _VARIANTS = ("tensorcore", "persistent")
 # Gates "lhs"/"rhs" in the kernel (each loaded A/B tile times act'(Z) before the
@@ -89,7 +90,7 @@ class TritonFusedMatmul(registry.Backend):
     config = dataclasses.replace(self._matmul.default_config(problem.as_gemm(), variant),
                                  split_k=1)
     return within_shared_memory(config, lambda c: self._smem_bytes(problem, variant, c)[0],
-                                SMEM_BYTES)
+                                SMEM_CAPACITY_BYTES)
 
   def tuning_candidates(self, problem: FusedMatmulProblem) -> list[tuple[str, TritonConfig]]:
     """The matmul's tensor-core candidates on the bare GEMM, fitted to the epilogue."""
@@ -99,7 +100,7 @@ class TritonFusedMatmul(registry.Backend):
         continue
       config = within_shared_memory(dataclasses.replace(config, split_k=1),
                                     lambda c: self._smem_bytes(problem, variant, c)[0],
-                                    SMEM_BYTES)
+                                    SMEM_CAPACITY_BYTES)
       if (variant, config) not in out:
         out.append((variant, config))
     return out
@@ -110,7 +111,7 @@ class TritonFusedMatmul(registry.Backend):
     registers, and the saved Z reuses the C tile's staging buffer (persistent
     128x256x64 bf16 with Z saved launched in 3 stages and ran 0.95x XLA; counted
     as a second tile it fell to 2 stages and 0.65x: the probe's run-2 log)."""
-    return TritonMatmul._smem_bytes(problem.as_gemm(), variant, config)
+    return TritonMatmul.smem_bytes(problem.as_gemm(), variant, config)
 
   def check(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig) -> None:
     what = f"backend='triton' variant={variant!r} (fused_matmul)"
@@ -127,10 +128,10 @@ class TritonFusedMatmul(registry.Backend):
                                 f"(gate={problem.gate!r}); use tma=False")
     self._matmul.check(problem.as_gemm(), variant, config)
     smem, formula = self._smem_bytes(problem, variant, config)
-    if smem > SMEM_BYTES:
+    if smem > SMEM_CAPACITY_BYTES:
       raise ValueError(
           f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
 
   def impl(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig,
            platform: str):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxgemm import gemm
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.api import check_activation_dtype, check_epilogue
 from jaxgemm.ops.glu.primitive import bind
-from jaxgemm.ops.matmul import api as matmul_api
+from jaxgemm.ops.glu.problem import GluProblem
 
 
 def reference(x, w_gate, w_up, activation, bias_gate, bias_up, **matmul_kwargs):
@@ -49,30 +50,29 @@ def glu(x, w_gate, w_up, *, activation: str = "silu", bias_gate=None, bias_up=No
   if x.ndim < 1 or w_gate.ndim < 2:
     raise ValueError(f"glu takes x of ndim >= 1 and weights of ndim >= 2; got x.shape={x.shape}, "
                      f"w_gate.shape={w_gate.shape}")
-  dtype, out_dtype = matmul_api._dtypes(x, w_gate, preferred_element_type)
+  dtype, out_dtype = gemm.matmul_dtypes(x, w_gate, preferred_element_type)
   check_activation_dtype(activation, out_dtype, "glu")
   if jnp.result_type(w_up) != jnp.result_type(w_gate):
     raise TypeError(f"w_up must have w_gate's dtype {w_gate.dtype}; got {w_up.dtype}")
-  layout = matmul_api.canonical_layout(x, w_gate, "glu")
+  layout = gemm.canonical_layout(x, w_gate, "glu")
   for name, bias in (("bias_gate", bias_gate), ("bias_up", bias_up)):
     try:
       check_epilogue(layout.out_shape, out_dtype, None if bias is None else jnp.asarray(bias),
                      None, None)
     except (ValueError, TypeError) as e:
       raise type(e)(str(e).replace("bias", name, 1)) from None
-  problem, why_not = matmul_api._problem(layout.batch, layout.rows, layout.n, layout.k, dtype,
-                                         out_dtype, False, False, precision)
+  problem, why_not = gemm.gemm_problem(layout.batch, layout.rows, layout.n, layout.k, dtype,
+                                       out_dtype, False, False, precision)
   has_bias = bias_gate is not None or bias_up is not None
   if problem is not None:
-    from jaxgemm.ops.glu.problem import GluProblem  # noqa: PLC0415
     problem = GluProblem(**{f: getattr(problem, f) for f in problem.__dataclass_fields__},
                          activation=activation, bias="shared" if has_bias else None)
-  route = matmul_api._route(problem, backend, variant, config, why_not)
-  if route is None:
+  params = gemm.kernel_params(problem, backend, variant, config, why_not)
+  if params is None:
     return reference(x, w_gate, w_up, activation, bias_gate, bias_up, precision=precision,
                      preferred_element_type=preferred_element_type)
   x2 = x[None] if x.ndim == 1 else x
-  layout2 = matmul_api.canonical_layout(x2, w_gate, "glu")
+  layout2 = gemm.canonical_layout(x2, w_gate, "glu")
   x3, wg3 = layout2.operands(x2.astype(dtype), w_gate.astype(dtype))
   _, wu3 = layout2.operands(x2.astype(dtype), w_up.astype(dtype))
   biases = []
@@ -81,5 +81,5 @@ def glu(x, w_gate, w_up, *, activation: str = "silu", bias_gate=None, bias_up=No
     biases = [zero if b is None else jnp.asarray(b) for b in (bias_gate, bias_up)]
   (h,) = bind(x3, wg3, wu3, *biases, ndims=layout2.ndims, out_dtype=out_dtype,
               acc_dtype=problem.acc_dtype, precision=problem.precision, activation=activation,
-              bias="shared" if has_bias else None, **route)
+              bias="shared" if has_bias else None, **params)
   return h.reshape(layout.out_shape)

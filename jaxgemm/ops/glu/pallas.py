@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES
 from jaxgemm.ops import activations
 from jaxgemm.ops.glu.problem import GluProblem
 from jaxgemm.ops.fused_matmul.problem import (EPILOGUE_WIN_PALLAS_MIN_M,
@@ -69,7 +70,7 @@ def _fit_stages(problem: GluProblem, variant: str, config: PallasConfig) -> Pall
   need 256 KiB (more than the 227 KiB a CTA can have), 64-deep ones 160 KiB.
   """
   min_k = 128 // np.dtype(problem.dtype).itemsize
-  while sum(smem_bytes(problem, variant, config).values()) > matmul_pallas._SMEM_CAPACITY_BYTES:
+  while sum(smem_bytes(problem, variant, config).values()) > SMEM_CAPACITY_BYTES:
     if config.max_concurrent_steps > 2:
       config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
     elif config.tile_k > min_k:
@@ -109,13 +110,13 @@ class PallasGlu(registry.Backend):
           f"128 registers per thread; use tile_m * tile_n <= 16384 (128x128, 256x64)")
     parts = smem_bytes(problem, variant, config)
     total = sum(parts.values())
-    if total > matmul_pallas._SMEM_CAPACITY_BYTES:
+    if total > SMEM_CAPACITY_BYTES:
       detail = " + ".join(f"{k}={v}" for k, v in parts.items())
       raise ValueError(
           f"backend='pallas' glu variant={variant!r} with tile_m={config.tile_m}, "
           f"tile_n={config.tile_n}, tile_k={config.tile_k}, max_concurrent_steps="
           f"{config.max_concurrent_steps} needs {total} bytes of shared memory ({detail}), "
-          f"more than the {matmul_pallas._SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; "
+          f"more than the {SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; "
           f"lower max_concurrent_steps, tile_k or the tiles")
 
   def default_config(self, problem: GluProblem, variant: str) -> PallasConfig:

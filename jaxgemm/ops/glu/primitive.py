@@ -28,10 +28,10 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxgemm import registry, sharding
+from jaxgemm.gemm import dimension_groups
 from jaxgemm.ops import activations, rules
 from jaxgemm.ops.base import Op, normal_operands
-from jaxgemm.ops.fused_matmul.primitive import _bias_to_out, _is_zero, _sum
-from jaxgemm.ops.rules import moved
+from jaxgemm.ops.rules import add_terms, bias_to_out, is_zero, moved
 from jaxgemm.ops.glu.problem import GluProblem
 from jaxgemm.ops.matmul import primitive as matmul_primitive
 
@@ -53,8 +53,8 @@ def problem_of(x, w_gate, w_up, *biases, **params) -> GluProblem:
   if w_up.shape != w_gate.shape or w_up.dtype != w_gate.dtype:
     raise TypeError(f"glu_p's w_up must match w_gate: got {w_up.shape} {w_up.dtype} and "
                     f"{w_gate.shape} {w_gate.dtype}")
-  out = matmul_primitive._groups(x.shape, w_gate.shape, trans_a=params["trans_a"],
-                                 trans_b=params["trans_b"], ndims=params["ndims"])
+  out = dimension_groups(x.shape, w_gate.shape, trans_a=params["trans_a"],
+                         trans_b=params["trans_b"], ndims=params["ndims"])
   batch, n = out[0][0], out[1][2]
   want = {None: [], "shared": [n] * 2, "batched": [(*batch, *n)] * 2}[params["bias"]]
   got = [tuple(b.shape) for b in biases]
@@ -100,10 +100,10 @@ def _jvp(primals, tangents, **params):
   mm = lambda a, b: matmul_primitive.bind(a, b, **gemm)
 
   def dz(w, dw, dbias):
-    terms = [None if _is_zero(dx) else mm(dx, w), None if _is_zero(dw) else mm(x, dw),
-             None if dbias is None or _is_zero(dbias) else
-             _bias_to_out(dbias.astype(np.float32), h.shape, nb, 1, params["bias"])]
-    out = _sum(terms)
+    terms = [None if is_zero(dx) else mm(dx, w), None if is_zero(dw) else mm(x, dw),
+             None if dbias is None or is_zero(dbias) else
+             bias_to_out(dbias.astype(np.float32), h.shape, nb, 1, params["bias"])]
+    out = add_terms(terms)
     return jnp.zeros(h.shape, h.dtype) if out is None else out
 
   dzg = dz(w_gate, dwg, dbiases[0] if dbiases else None)

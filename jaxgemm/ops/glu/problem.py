@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxgemm.ops.matmul.problem import GemmProblem
+from jaxgemm.gemm import GemmProblem
 
 
 @dataclasses.dataclass(frozen=True)

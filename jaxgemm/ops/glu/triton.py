@@ -26,9 +26,10 @@ import numpy as np
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, within_shared_memory
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES
 from jaxgemm.ops import activations
 from jaxgemm.ops.glu.problem import GluProblem
-from jaxgemm.ops.matmul.triton import SMEM_BYTES, TritonConfig, TritonMatmul
+from jaxgemm.ops.matmul.triton import TritonConfig, TritonMatmul
 
 # The widest N tile: two (block_m, block_n) fp32 accumulators live in registers.
 MAX_BLOCK_N = 128
@@ -78,7 +79,8 @@ class TritonGlu(registry.Backend):
     return out
 
   def _within_smem(self, problem, config: TritonConfig) -> TritonConfig:
-    return within_shared_memory(config, lambda c: self._smem_bytes(problem, c)[0], SMEM_BYTES)
+    return within_shared_memory(config, lambda c: self._smem_bytes(problem, c)[0],
+                                SMEM_CAPACITY_BYTES)
 
   @staticmethod
   def _smem_bytes(problem: GluProblem, config) -> tuple[int, str]:
@@ -106,10 +108,10 @@ class TritonGlu(registry.Backend):
     self._matmul.check(problem.as_gemm(), "tensorcore",
                        dataclasses.replace(config, num_stages=1))
     smem, formula = self._smem_bytes(problem, config)
-    if smem > SMEM_BYTES:
+    if smem > SMEM_CAPACITY_BYTES:
       raise ValueError(
           f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
 
   def impl(self, problem: GluProblem, variant: str, config: KernelConfig, platform: str):
     """fn(x, wg, wu[, bias_gate, bias_up]) -> H, or (H, Zg, Zu) with save_preactivation."""

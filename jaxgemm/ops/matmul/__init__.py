@@ -1,7 +1,9 @@
 """The dense GEMM op: `matmul` / `dot_general` over one primitive, `matmul_p`.
 
-    api.py        matmul (jnp.matmul's contract) and dot_general (lax's)
-    problem.py    GemmProblem: the static description of one matmul_p call
+    api.py        matmul (jnp.matmul's contract; `jaxgemm.matmul` routes plain calls
+                  here) and dot_general (lax's)
+    problem.py    GemmProblem: the static description of one matmul_p call (the GEMM
+                  family's, defined in `jaxgemm.gemm`)
     primitive.py  matmul_p and its rules: abstract eval, lowering, batching,
                   JVP/transpose; registers the op
     xla.py        backend "xla": lax.dot_general, the reference

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig, check, int_range, is_power_of_two, power_of_two
-from jaxgemm.ops.matmul.problem import GemmProblem
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES, GemmProblem, mosaic_gpu_error, pow2_at_least
 
 VARIANTS = ("basic", "pipelined", "warp_specialized", "clusters", "stream_k", "pingpong")
 # Persistent variants: a producer and two consumer warpgroups.
@@ -38,7 +38,6 @@ _PERSISTENT = ("warp_specialized", "clusters", "stream_k", "pingpong")
 _TWO_CONSUMERS = ("warp_specialized", "clusters", "stream_k")
 # Variants launched in 2-CTA clusters.
 _CLUSTERED = ("clusters", "stream_k", "pingpong")
-_SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
 # float32 runs as TF32 (precision DEFAULT, jnp.matmul's default on GPU).
 _IN_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
 _OUT_DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -79,21 +78,6 @@ class PallasConfig(KernelConfig):
   split_rounds: int = int_range(1, 2, default=1)
 
 
-def _pow2_at_least(x: int, lo: int, hi: int) -> int:
-  p = lo
-  while p < x and p < hi:
-    p *= 2
-  return p
-
-
-def _mosaic_gpu_error() -> str | None:
-  try:
-    from jax.experimental.pallas import mosaic_gpu  # noqa: F401, PLC0415
-  except Exception as e:  # noqa: BLE001 (ImportError, or a broken plugin)
-    return f"jax.experimental.pallas.mosaic_gpu does not import ({type(e).__name__}: {e})"
-  return None
-
-
 def smem_bytes(problem: GemmProblem, variant: str, config: PallasConfig) -> dict[str, int]:
   """Shared memory the variant allocates for `config`, by buffer."""
   tm, tn, tk = config.tile_m, config.tile_n, config.tile_k
@@ -120,7 +104,7 @@ class PallasMatmul(registry.Backend):
   variants = VARIANTS
 
   def unavailable_reason(self) -> str | None:
-    return _mosaic_gpu_error()
+    return mosaic_gpu_error()
 
   def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
     registry.require_dtypes(problem, f"backend='pallas' variant={variant!r}", _IN_DTYPES)
@@ -137,7 +121,7 @@ class PallasMatmul(registry.Backend):
       raise NotImplementedError(
           f"backend='pallas' accumulates in float32; got "
           f"acc_dtype={np.dtype(problem.acc_dtype).name}")
-    reason = _mosaic_gpu_error()
+    reason = mosaic_gpu_error()
     if reason is not None:
       raise NotImplementedError(f"backend='pallas' needs Mosaic GPU: {reason}")
     if jax.config.jax_enable_x64:
@@ -174,13 +158,13 @@ class PallasMatmul(registry.Backend):
                        f"split_rounds={config.split_rounds} (only 'stream_k' takes it)")
     parts = smem_bytes(problem, variant, config)
     total = sum(parts.values())
-    if total > _SMEM_CAPACITY_BYTES:
+    if total > SMEM_CAPACITY_BYTES:
       detail = " + ".join(f"{k}={v}" for k, v in parts.items())
       raise ValueError(
           f"backend='pallas' variant={variant!r} with tile_m={tile_m}, tile_n={tile_n}, "
           f"tile_k={config.tile_k}, max_concurrent_steps={config.max_concurrent_steps} "
           f"needs {total} bytes of shared memory ({detail}), more than the "
-          f"{_SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; lower tile_k, the "
+          f"{SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; lower tile_k, the "
           f"tiles or max_concurrent_steps")
 
   def default_config(self, problem: GemmProblem, variant: str) -> PallasConfig:
@@ -207,18 +191,18 @@ class PallasMatmul(registry.Backend):
         tile_n, tile_k = 64, 128 // k_scale
       if np.dtype(problem.out_dtype).itemsize == 4:
         stages -= 1   # f32 epilogue slots take a stage's room
-      tile_m = _pow2_at_least(m, 128, tile_m)
+      tile_m = pow2_at_least(m, 128, tile_m)
     elif variant == "pingpong":
       tile_m, tile_n, tile_k, stages = 128, 128, 64 // k_scale, 6
       if skinny:
         tile_n, tile_k = 64, 128 // k_scale
-      tile_m = _pow2_at_least(m, 64, tile_m)
+      tile_m = pow2_at_least(m, 64, tile_m)
     else:
       tile_m, tile_n, stages = 128, 128, 4
       tile_k = (128 if skinny else 64) // k_scale
       if skinny:
         tile_n = 64
-      tile_m = _pow2_at_least(m, 64, tile_m)
+      tile_m = pow2_at_least(m, 64, tile_m)
     # Never below one 128-byte swizzle span of 16-bit elements: the operands are
     # padded to it anyway, so a narrower tile only adds tiles. (The clamp came
     # from the GPU tier of 2026-11-22, where 16-wide N and 32-deep K tiles failed
@@ -226,14 +210,14 @@ class PallasMatmul(registry.Backend):
     # swizzle, fixed by `common.operand_swizzle`, and such tiles now compile:
     # research/probes/pallas-2026-11-24/README.md.)
     span = 128 // np.dtype(problem.dtype).itemsize
-    tile_n = _pow2_at_least(n, span, tile_n)
-    tile_k = _pow2_at_least(problem.k, span, tile_k)
+    tile_n = pow2_at_least(n, span, tile_n)
+    tile_k = pow2_at_least(problem.k, span, tile_k)
     cluster_m, cluster_n = 1, (2 if variant in _CLUSTERED else 1)
     config = PallasConfig(tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                           max_concurrent_steps=stages, cluster_m=cluster_m,
                           cluster_n=cluster_n, epi_tile_n=min(64, tile_n))
     # Keep within shared memory for whatever out dtype (shrink the ring).
-    while (sum(smem_bytes(problem, variant, config).values()) > _SMEM_CAPACITY_BYTES
+    while (sum(smem_bytes(problem, variant, config).values()) > SMEM_CAPACITY_BYTES
            and config.max_concurrent_steps > 2):
       config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
     return config

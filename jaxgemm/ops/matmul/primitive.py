@@ -29,34 +29,24 @@ vmap, hessian, shard_map and sharded jit compose.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, mlir
+from jax.interpreters import ad
 
-from jaxgemm import dispatch, registry, sharding
+from jaxgemm import registry, sharding
+from jaxgemm.gemm import GemmProblem, dimension_groups
 from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op, normal_operands
-from jaxgemm.ops.matmul.problem import GemmProblem
 
 matmul_p = Primitive("jaxgemm_matmul")
 
 # (batch, M, K, N): how many dimensions each spans. One each is the 3-D form
 # `GemmProblem` describes, and what a bind without `ndims` means.
 DEFAULT_NDIMS = (1, 1, 1, 1)
-
-
-def _groups(a_shape, b_shape, *, trans_a, trans_b, ndims):
-  """The (batch, M, K) dims of a and the (batch, K, N) dims of b, as shape tuples."""
-  nb, nm, nk, nn = ndims
-  a_rest, b_rest = tuple(a_shape[nb:]), tuple(b_shape[nb:])
-  a_k, a_m = (a_rest[:nk], a_rest[nk:]) if trans_a else (a_rest[nm:], a_rest[:nm])
-  b_n, b_k = (b_rest[:nn], b_rest[nn:]) if trans_b else (b_rest[nk:], b_rest[:nk])
-  return (tuple(a_shape[:nb]), a_m, a_k), (tuple(b_shape[:nb]), b_k, b_n)
 
 
 def _size(dims: tuple[int, ...]):
@@ -78,8 +68,8 @@ def problem_of(a_aval, b_aval, *, trans_a, trans_b, out_dtype, acc_dtype,
   if a_aval.dtype != b_aval.dtype:
     raise TypeError(f"matmul_p operands must share a dtype; got "
                     f"a.dtype={a_aval.dtype}, b.dtype={b_aval.dtype}")
-  (batch, m, k_a), (b_batch, k_b, n) = _groups(a_aval.shape, b_aval.shape, trans_a=trans_a,
-                                               trans_b=trans_b, ndims=ndims)
+  (batch, m, k_a), (b_batch, k_b, n) = dimension_groups(
+      a_aval.shape, b_aval.shape, trans_a=trans_a, trans_b=trans_b, ndims=ndims)
   if batch != b_batch:
     raise TypeError(f"matmul_p batch sizes differ: a.shape={a_aval.shape}, "
                     f"b.shape={b_aval.shape}")
@@ -133,27 +123,6 @@ def bind(a, b, *, trans_a=False, trans_b=False, out_dtype, acc_dtype, precision,
                        config=config, ndims=tuple(ndims), out_sharding=out_sharding)
 
 
-def resolve_kernel(problem: GemmProblem, params, platform: str | None = None) -> dispatch.Choice:
-  """The kernel that runs `problem`: the params' choice, completed per problem.
-
-  variant=None and config=None (and backend="auto") are resolved here, by
-  `jaxgemm.dispatch.choose`, so that each GEMM of a gradient gets the kernel
-  and tiles that suit its own shape.
-  """
-  return dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                         platform=platform)
-
-
-def _lower_choice(ctx, a, b, problem, choice: dispatch.Choice, platform):
-  backend = registry.get_backend(choice.backend, problem.op)
-  impl = backend.impl(problem, choice.variant, choice.config, platform)
-  out_shape = ctx.avals_out[0].shape
-  # Merging each group of dimensions is a bitcast: the kernels take 3-D operands.
-  as_3d = lambda a, b: impl(a.reshape(problem.a_shape), b.reshape(problem.b_shape)).reshape(
-      out_shape)
-  return mlir.lower_fun(as_3d, multiple_results=False)(ctx, a, b)
-
-
 def _abstract_eval(a, b, **params):
   problem = problem_of(a, b, **params)   # our checks and messages first
   # lax.dot_general's rule gives the result's sharding (Explicit mesh axes; the
@@ -163,26 +132,6 @@ def _abstract_eval(a, b, **params):
       a, b, dimension_numbers=dimension_numbers(**params), precision=None,
       preferred_element_type=None, out_sharding=params.get("out_sharding"))
   return out.update(dtype=problem.out_dtype, weak_type=False)
-
-
-def _lowering(ctx, a, b, *, platform, **params):
-  a_aval, b_aval = ctx.avals_in
-  problem = problem_of(a_aval, b_aval, **params)
-  ctx = rules.without_sharding_types(ctx)
-  if problem.is_empty:
-    # No kernel for an empty product: K=0 sums nothing, so the answer is zeros.
-    impl = lambda a, b: jnp.zeros(ctx.avals_out[0].shape, problem.out_dtype)
-    return mlir.lower_fun(impl, multiple_results=False)(ctx, a, b)
-  choice = resolve_kernel(problem, params, platform)
-  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
-    return _lower_choice(ctx, a, b, problem, choice, platform)
-  try:
-    # A kernel is compiled while it is lowered (Triton, Mosaic GPU), before
-    # its launch is emitted, so a failure here leaves no launch behind.
-    return _lower_choice(ctx, a, b, problem, choice, platform)
-  except Exception as e:  # noqa: BLE001 (auto must compute what jnp.matmul computes)
-    return _lower_choice(ctx, a, b, problem, dispatch.fall_back(problem, choice, e, platform),
-                         platform)
 
 
 def _impl(*args, **params):
@@ -263,11 +212,15 @@ matmul_p.def_impl(_impl)
 matmul_p.def_abstract_eval(_abstract_eval)
 ad.defbilinear(matmul_p, _transpose_lhs, _transpose_rhs)
 sharding.AXIS_AWARE_BATCHERS[matmul_p] = _batch_rule
-# The kernel lowerings move to `matmul_local_p`, bound on each device's shards;
+# The kernel lowerings (`rules.kernel_lowering`: each group of dimensions merged,
+# a bitcast, into the 3-D operands the kernels take; an empty product is zeros, K=0
+# summing nothing) move to `matmul_local_p`, bound on each device's shards;
 # matmul_p lowers to the partitioned call (one device: the kernel, directly).
 matmul_local_p = sharding.make_partitionable(
     matmul_p, sharding_rule,
-    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")})
+    {platform: rules.kernel_lowering(
+        problem_of, lambda p: (p.a_shape, p.b_shape), platform=platform,
+        multiple_results=False, empty="zeros") for platform in ("cuda", "cpu")})
 
 
 def _call(problem: GemmProblem, a, b, *, backend, variant, config):

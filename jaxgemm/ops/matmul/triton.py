@@ -17,14 +17,9 @@ import numpy as np
 from jaxgemm import registry
 from jaxgemm.config import (KernelConfig, check, int_range, power_of_two,
                             within_shared_memory)
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES, GemmProblem, pow2_at_least, tile_count
 from jaxgemm.kernels.triton.matmul import layout
-from jaxgemm.ops.matmul.problem import GemmProblem
 
-# Hopper's opt-in shared memory per block (227 KB), what a config may fill.
-SMEM_BYTES = 227 * 1024
-# Streaming multiprocessors of an H100/H200, for split-K and persistent grids
-# when the device cannot be asked (a GPU compile on a machine without one).
-DEFAULT_NUM_SMS = 132
 # The SMs the heuristic fills where Triton's interpreter runs the kernel (the
 # CPU): none. The interpreter runs a grid's programs one after another, at a
 # cost that grows with their number, so no wave rule should ask for more
@@ -40,8 +35,8 @@ def heuristic_num_sms(platform: str | None = None) -> int:
 
   platform: a lowering platform ("cuda", "cpu"), or None for jax's default
   device. A GPU's SMs are what the persistent kernel's grid fills
-  (`persistent.num_sms`: the device's `core_count`, DEFAULT_NUM_SMS where jax
-  cannot say); the CPU interpreter counts INTERPRETER_NUM_SMS.
+  (`persistent.num_sms`: the device's `core_count`, `jaxgemm.gemm.DEFAULT_NUM_SMS`
+  where jax cannot say); the CPU interpreter counts INTERPRETER_NUM_SMS.
   """
   if (platform or jax.default_backend()) == "cpu":
     return INTERPRETER_NUM_SMS
@@ -169,24 +164,13 @@ def _worth_aligning(problem: GemmProblem) -> bool:
   return True
 
 
-def _pow2_at_least(x: int, lo: int, hi: int) -> int:
-  p = lo
-  while p < x and p < hi:
-    p *= 2
-  return p
-
-
-def _tile_count(problem: GemmProblem, tile: dict) -> int:
-  return problem.batch * -(-problem.m // tile["block_m"]) * -(-problem.n // tile["block_n"])
-
-
 def _clamped(problem: GemmProblem, variant: str, tiles: dict) -> dict:
   """`tiles` with no block larger than the next power of two over the problem."""
   min_mn = 16 if _RUNGS[variant].cuda_cores else 64 if problem.m >= 64 else 16
   return {**tiles,
-          "block_m": _pow2_at_least(problem.m, min_mn, tiles["block_m"]),
-          "block_n": _pow2_at_least(problem.n, 16, tiles["block_n"]),
-          "block_k": _pow2_at_least(problem.k, 16, tiles["block_k"])}
+          "block_m": pow2_at_least(problem.m, min_mn, tiles["block_m"]),
+          "block_n": pow2_at_least(problem.n, 16, tiles["block_n"]),
+          "block_k": pow2_at_least(problem.k, 16, tiles["block_k"])}
 
 
 class TritonMatmul(registry.Backend):
@@ -240,7 +224,7 @@ class TritonMatmul(registry.Backend):
     # persistent 277, research/probes/h200-triton-ladder-2026-11-22-run2).
     # With short K it lost: 761x7x1959 bf16 0.73x XLA persistent, 0.98x not.
     if (problem.fp32_precision is None and problem.k > SHORT_K and tile["block_m"] >= 128
-        and _tile_count(problem, tile) > self.num_sms):
+        and tile_count(problem, tile["block_m"], tile["block_n"]) > self.num_sms):
       return "persistent"
     return "tensorcore"
 
@@ -258,7 +242,7 @@ class TritonMatmul(registry.Backend):
       tile = _clamped(problem, "tensorcore", dict(
           block_m=block_m, block_n=block_n, block_k=block_k // k_scale, num_warps=num_warps,
           num_stages=num_stages, group_m=8))
-      if _tile_count(problem, tile) >= waves * self.num_sms:
+      if tile_count(problem, tile["block_m"], tile["block_n"]) >= waves * self.num_sms:
         return tile
     return tile
 
@@ -298,7 +282,7 @@ class TritonMatmul(registry.Backend):
     if problem.fp32_precision == "ieee":
       return 1
     tile = self._tensor_core_tile(problem)
-    tiles = _tile_count(problem, tile)
+    tiles = tile_count(problem, tile["block_m"], tile["block_n"])
     split = 1
     while (tiles * split * 2 <= 2 * self.num_sms
            and problem.k // (split * 2) >= max(4 * tile["block_k"], MIN_SPLIT_K)
@@ -338,10 +322,10 @@ class TritonMatmul(registry.Backend):
     278528 B of the 232448).
     """
     return within_shared_memory(
-        config, lambda c: self._smem_bytes(problem, variant, c)[0], SMEM_BYTES)
+        config, lambda c: self.smem_bytes(problem, variant, c)[0], SMEM_CAPACITY_BYTES)
 
   @staticmethod
-  def _smem_bytes(problem: GemmProblem, variant: str, config) -> tuple[int, str]:
+  def smem_bytes(problem: GemmProblem, variant: str, config) -> tuple[int, str]:
     """(bytes of shared memory the launch needs, the formula in words)."""
     if not _RUNGS[variant].uses_smem:
       return 0, "no shared memory"
@@ -404,11 +388,11 @@ class TritonMatmul(registry.Backend):
     if config.epilogue_subtile > 1 and config.block_n % (8 * config.epilogue_subtile):
       raise ValueError(f"{what}: {config.block_n=} must be divisible by "
                        f"8 x {config.epilogue_subtile=}")
-    smem, formula = self._smem_bytes(problem, variant, config)
-    if smem > SMEM_BYTES:
+    smem, formula = self.smem_bytes(problem, variant, config)
+    if smem > SMEM_CAPACITY_BYTES:
       raise ValueError(
           f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
 
   def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):
     kernel = importlib.import_module(f"jaxgemm.kernels.triton.matmul.{_RUNGS[variant].module}")

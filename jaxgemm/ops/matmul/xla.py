@@ -15,7 +15,7 @@ from jax import lax
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig
-from jaxgemm.ops.matmul.problem import GemmProblem
+from jaxgemm.gemm import GemmProblem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,10 +4,12 @@
     problem.py    RaggedDotProblem: the static description of one ragged_dot_p call
     primitive.py  ragged_dot_p and its rules: abstract eval, lowering, batching,
                   JVP/transpose (the two modes are each other's gradients); registers the op
-    schedule.py   the device-side tables that map kernel tiles to groups
     xla.py        backend "xla": lax.ragged_dot_general, the reference
     triton.py     backend "triton": jaxgemm.kernels.triton.ragged_dot
     pallas.py     backend "pallas": jaxgemm.kernels.pallas.ragged_dot
+
+The device-side tables that map kernel tiles to groups, which the kernels
+take too, are `jaxgemm.ragged_schedule`.
 
 Importing this package registers the op and its backends, in preference order.
 """

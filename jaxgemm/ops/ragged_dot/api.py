@@ -18,10 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxgemm import dispatch, registry
+from jaxgemm import gemm, ragged_schedule, registry
 from jaxgemm.config import KernelConfig
-from jaxgemm.ops.matmul.api import _canonical_precision, floating_dtypes_taken
-from jaxgemm.ops.ragged_dot import schedule
 from jaxgemm.ops.ragged_dot.primitive import bind
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
@@ -51,26 +49,15 @@ def _kernel_problem(lhs, rhs, out_dtype, *, batch, groups, m, k, n, trans_rhs,
       return None, (f"the kernels need one operand dtype, and {lhs.dtype} x {rhs.dtype} "
                     f"promote to none")
   if dtype not in registry.FLOAT_DTYPES or out_dtype not in registry.FLOAT_DTYPES:
-    return None, (f"{floating_dtypes_taken()}; got lhs.dtype={lhs.dtype}, "
+    return None, (f"{gemm.floating_dtypes_taken()}; got lhs.dtype={lhs.dtype}, "
                   f"rhs.dtype={rhs.dtype}, out dtype={out_dtype.name}")
   try:
-    precision = _canonical_precision(precision)
+    precision = gemm.canonical_precision(precision)
   except NotImplementedError as e:
     return None, str(e)
   acc_dtype = np.dtype(np.float64 if np.float64 in (dtype, out_dtype) else np.float32)
   return RaggedDotProblem(batch, groups, m, k, n, dtype, out_dtype, acc_dtype, trans_rhs,
                           ragged_contracting, precision), None
-
-
-def _route(problem, why_not, backend, variant, config):
-  """The primitive's kernel params, or None: lax computes the call (auto only)."""
-  dispatch.validate(OP, backend, variant, config)
-  if problem is None:
-    if backend == dispatch.AUTO:
-      return None
-    raise NotImplementedError(f"backend={backend!r} cannot run this ragged_dot: {why_not}")
-  dispatch.choose(problem, backend, variant, config)   # checks the choice before tracing
-  return dict(backend=backend, variant=variant, config=config)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, *,
@@ -231,17 +218,17 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
     problem, why_not = _kernel_problem(
         lhs, rhs, out_dtype, batch=math.prod(batch_shape), groups=groups, m=m, k=k, n=n,
         trans_rhs=trans_rhs, ragged_contracting=ragged_contracting, precision=precision)
-  route = _route(problem, why_not, backend, variant, config)
-  if route is None:
+  params = gemm.kernel_params(problem, backend, variant, config, why_not, op=OP)
+  if params is None:
     return lax.ragged_dot_general(lhs, rhs, group_sizes, numbers, precision=precision,
                                   preferred_element_type=preferred_element_type)
   b = problem.batch
   out = bind(lhs.astype(problem.dtype).reshape(b, m, k),
              rhs.astype(problem.dtype).reshape(b, *rhs.shape[nb:]),
-             schedule.group_bounds(group_sizes.reshape(b, groups), m),
+             ragged_schedule.group_bounds(group_sizes.reshape(b, groups), m),
              ragged_contracting=ragged_contracting,
              trans_rhs=trans_rhs, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
-             precision=problem.precision, **route)
+             precision=problem.precision, **params)
   if ragged_contracting:   # lax's result: (G, *batch, K, N)
     return jnp.moveaxis(out, 1, 0).reshape(groups, *batch_shape, k, n)
   return out.reshape(*batch_shape, m, n)

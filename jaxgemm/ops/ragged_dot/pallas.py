@@ -40,10 +40,10 @@ import numpy as np
 
 from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig, check, int_range, power_of_two
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES, mosaic_gpu_error, pow2_at_least
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
 VARIANTS = ("pipelined", "grouped")
-_SMEM_CAPACITY_BYTES = 227 * 1024   # sm_90's opt-in maximum per CTA
 _EPI_TILE_M = 64                    # rows of a `grouped` epilogue piece
 # float32 runs as TF32 (precision DEFAULT), ragged-M only: TF32 wgmma reads both
 # operands K-major, so rhs (G, K, N) is transposed once by XLA; ragged-K would need
@@ -88,14 +88,6 @@ class RaggedDotPallasConfig(KernelConfig):
   group_aligned: bool = check(lambda v: True, "a bool", default=False)
 
 
-def _mosaic_gpu_error() -> str | None:
-  try:
-    from jax.experimental.pallas import mosaic_gpu  # noqa: F401, PLC0415
-  except Exception as e:  # noqa: BLE001 (ImportError, or a broken plugin)
-    return f"jax.experimental.pallas.mosaic_gpu does not import ({type(e).__name__}: {e})"
-  return None
-
-
 def smem_bytes(problem: RaggedDotProblem, variant: str,
                config: RaggedDotPallasConfig) -> dict[str, int]:
   """Shared memory the variant allocates for `config`, by buffer."""
@@ -112,16 +104,9 @@ def smem_bytes(problem: RaggedDotProblem, variant: str,
   return parts
 
 
-def _pow2_at_least(x: int, lo: int, hi: int) -> int:
-  p = lo
-  while p < x and p < hi:
-    p *= 2
-  return p
-
-
 def _fit(problem, variant, config: RaggedDotPallasConfig) -> RaggedDotPallasConfig:
   """`config` with its ring shrunk (to 2 stages at least) until it fits shared memory."""
-  while (sum(smem_bytes(problem, variant, config).values()) > _SMEM_CAPACITY_BYTES
+  while (sum(smem_bytes(problem, variant, config).values()) > SMEM_CAPACITY_BYTES
          and config.max_concurrent_steps > 2):
     config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
   return config
@@ -133,12 +118,12 @@ class PallasRaggedDot(registry.Backend):
   # Both rungs: ragged-M runs grouped.py (its `variant` switch), ragged-K ragged_k.py.
   kernel_modules = ("jaxgemm.kernels.pallas.ragged_dot.grouped",
                     "jaxgemm.kernels.pallas.ragged_dot.ragged_k",
-                    "jaxgemm.kernels.pallas.common", "jaxgemm.ops.ragged_dot.schedule")
+                    "jaxgemm.kernels.pallas.common", "jaxgemm.ragged_schedule")
   config_cls = RaggedDotPallasConfig
   variants = VARIANTS
 
   def unavailable_reason(self) -> str | None:
-    return _mosaic_gpu_error()
+    return mosaic_gpu_error()
 
   def default_variant(self, problem: RaggedDotProblem) -> str:
     """`grouped` (two consumer warpgroups) where rows are many, `pipelined` for decode.
@@ -185,7 +170,7 @@ class PallasRaggedDot(registry.Backend):
     if np.dtype(problem.acc_dtype) != np.float32:
       raise NotImplementedError(f"{what} accumulates in float32; got "
                                 f"acc_dtype={np.dtype(problem.acc_dtype).name}")
-    reason = _mosaic_gpu_error()
+    reason = mosaic_gpu_error()
     if reason is not None:
       raise NotImplementedError(f"backend='pallas' needs Mosaic GPU: {reason}")
     if jax.config.jax_enable_x64:
@@ -210,12 +195,12 @@ class PallasRaggedDot(registry.Backend):
         raise ValueError(f"tile_n={tn} must be divisible by epi_tile_n={config.epi_tile_n}")
     parts = smem_bytes(problem, variant, config)
     total = sum(parts.values())
-    if total > _SMEM_CAPACITY_BYTES:
+    if total > SMEM_CAPACITY_BYTES:
       detail = " + ".join(f"{k}={v}" for k, v in parts.items())
       raise ValueError(
           f"{what} with tile_m={tm}, tile_n={tn}, tile_k={tk}, "
           f"max_concurrent_steps={config.max_concurrent_steps} needs {total} bytes of "
-          f"shared memory ({detail}), more than the {_SMEM_CAPACITY_BYTES} bytes a Hopper "
+          f"shared memory ({detail}), more than the {SMEM_CAPACITY_BYTES} bytes a Hopper "
           f"CTA can have; lower tile_k, the tiles or max_concurrent_steps")
 
   def default_config(self, problem: RaggedDotProblem, variant: str) -> RaggedDotPallasConfig:
@@ -234,12 +219,12 @@ class PallasRaggedDot(registry.Backend):
       # Small groups: each group wastes up to a tile of rows; keep tiles short.
       if m // max(problem.groups, 1) < 512 and not problem.ragged_contracting:
         tm = 128
-      tm = _pow2_at_least(m, 128, tm)
+      tm = pow2_at_least(m, 128, tm)
     else:
       tm, tn, tk, stages = 128, 128, tk_min, 4
-      tm = _pow2_at_least(m, 64, tm)
-    tn = _pow2_at_least(n, 64, tn)
-    tk = _pow2_at_least(k, tk_min, tk)
+      tm = pow2_at_least(m, 64, tm)
+    tn = pow2_at_least(n, 64, tn)
+    tk = pow2_at_least(k, tk_min, tk)
     return _fit(problem, variant, RaggedDotPallasConfig(
         tile_m=tm, tile_n=tn, tile_k=tk, max_concurrent_steps=stages, epi_tile_n=min(64, tn),
         group_aligned=variant == "grouped"))

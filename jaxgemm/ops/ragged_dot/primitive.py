@@ -2,7 +2,7 @@
 
 Canonical form (`RaggedDotProblem` has the shapes): lhs (B, M, K), whose rows
 fall into G contiguous groups, the rows of group g being
-[group_bounds[b, 0, g], group_bounds[b, 1, g]) (`schedule.group_bounds` makes
+[group_bounds[b, 0, g], group_bounds[b, 1, g]) (`ragged_schedule.group_bounds` makes
 them from lax's group sizes: (B, 2, G) int32), and
 
 * ragged-M (`ragged_contracting=False`): rhs (B, G, K, N), or (B, G, N, K)
@@ -39,11 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
-from jaxgemm import dispatch, registry, sharding
+from jaxgemm import ragged_schedule, registry, sharding
+from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op, normal_operands
-from jaxgemm.ops.ragged_dot import schedule
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
 ragged_dot_p = Primitive("jaxgemm_ragged_dot")
@@ -91,29 +91,6 @@ def bind(lhs, rhs, group_bounds, *, ragged_contracting=False, trans_rhs=False, o
 def _abstract_eval(lhs, rhs, group_bounds, **params):
   problem = problem_of(lhs, rhs, group_bounds, **params)
   return jax.core.ShapedArray(problem.out_shape, problem.out_dtype)
-
-
-def _lower_choice(ctx, args, problem, choice: dispatch.Choice, platform):
-  impl = registry.get_backend(choice.backend, problem.op).impl(
-      problem, choice.variant, choice.config, platform)
-  return mlir.lower_fun(impl, multiple_results=False)(ctx, *args)
-
-
-def _lowering(ctx, lhs, rhs, group_bounds, *, platform, **params):
-  problem = problem_of(*ctx.avals_in, **params)
-  if problem.is_empty:
-    impl = lambda *_: jnp.zeros(problem.out_shape, problem.out_dtype)
-    return mlir.lower_fun(impl, multiple_results=False)(ctx, lhs, rhs, group_bounds)
-  args = (lhs, rhs, group_bounds)
-  choice = dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                           platform=platform)
-  if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
-    return _lower_choice(ctx, args, problem, choice, platform)
-  try:
-    return _lower_choice(ctx, args, problem, choice, platform)
-  except Exception as e:  # noqa: BLE001 (auto must compute what lax.ragged_dot computes)
-    return _lower_choice(ctx, args, problem,
-                         dispatch.fall_back(problem, choice, e, platform), platform)
 
 
 def _impl(*args, **params):
@@ -224,11 +201,15 @@ def _local_call(bind_local, operands, params, plan: sharding.Plan):
   return bind_local(lhs, rhs, bounds, **{**params, "rows_before_groups": sharded})
 
 
-# The kernel lowerings move to `ragged_dot_local_p`, bound on each device's
-# shards; ragged_dot_p lowers to the partitioned call (one device: directly).
+# The kernel lowerings (`rules.kernel_lowering`; the operands are in the kernels'
+# shapes already, and an empty problem is zeros) move to `ragged_dot_local_p`, bound
+# on each device's shards; ragged_dot_p lowers to the partitioned call (one device:
+# directly).
 ragged_dot_local_p = sharding.make_partitionable(
     ragged_dot_p, sharding_rule,
-    {platform: functools.partial(_lowering, platform=platform) for platform in ("cuda", "cpu")},
+    {platform: rules.kernel_lowering(problem_of, None, platform=platform,
+                                     multiple_results=False, empty="zeros")
+     for platform in ("cuda", "cpu")},
     local_call=_local_call)
 
 
@@ -253,7 +234,8 @@ def _example_operands(problem: RaggedDotProblem, key):
   k_ops, k_sizes = jax.random.split(key)
   lhs, rhs = normal_operands([(problem.lhs_shape, problem.dtype),
                               (problem.rhs_shape, problem.dtype)], k_ops)
-  return [lhs, rhs, schedule.group_bounds(example_group_sizes(problem, k_sizes), problem.m)]
+  bounds = ragged_schedule.group_bounds(example_group_sizes(problem, k_sizes), problem.m)
+  return [lhs, rhs, bounds]
 
 
 RAGGED_DOT = registry.register_op(Op(

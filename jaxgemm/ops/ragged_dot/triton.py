@@ -2,7 +2,7 @@
 
 One variant, `grouped`: a tensor-core GEMM per (group, tile) whose mapping of
 tiles to groups is read from a table computed on the device
-(`jaxgemm.ops.ragged_dot.schedule`), so routing can change every step with no
+(`jaxgemm.ragged_schedule`), so routing can change every step with no
 recompile. On the CPU the same kernel source runs in Triton's interpreter.
 
 Tile names follow the GEMM each mode is: ragged-M (forward, lhs gradient)
@@ -20,10 +20,8 @@ import numpy as np
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, int_range, power_of_two, within_shared_memory
+from jaxgemm.gemm import DEFAULT_NUM_SMS, SMEM_CAPACITY_BYTES, pow2_at_least
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
-
-# Hopper's opt-in shared memory per block (227 KB), what a config may fill.
-SMEM_BYTES = 227 * 1024
 
 _DTYPES = tuple(map(np.dtype, ("float16", "bfloat16", "float32")))
 _OUT_DTYPES = _DTYPES
@@ -41,7 +39,6 @@ _TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 256, 64, 4, 3),
 # Exact fp32 (precision=HIGHEST) runs as FMA on CUDA cores: the matmul's
 # `pipelined` tile (46 TFLOP/s at 8192^3 on the H200).
 _IEEE_TILE = (64, 128, 32, 4, 3)
-NUM_SMS = 132
 # `TritonRaggedDot.structural_win`: the smallest problem (FLOPs) that claims a win.
 # The smaller of the two measured forwards had 94.5 GFLOP.
 STRUCTURAL_WIN_MIN_FLOPS = 2**36
@@ -71,13 +68,6 @@ class RaggedDotTritonConfig(KernelConfig):
   persistent: bool = False
 
 
-def _pow2_at_least(x: int, lo: int, hi: int) -> int:
-  p = lo
-  while p < x and p < hi:
-    p *= 2
-  return p
-
-
 def _out_rows_cols(problem: RaggedDotProblem) -> tuple[int, int, int]:
   """(output tile rows dim, output cols dim, reduction dim) of the mode's GEMM."""
   if problem.ragged_contracting:
@@ -90,9 +80,9 @@ def _clamped(problem: RaggedDotProblem, tiles: dict) -> dict:
   rows, cols, red = _out_rows_cols(problem)
   min_rows = 64 if rows >= 64 else 16
   return {**tiles,
-          "block_m": _pow2_at_least(rows, min_rows, tiles["block_m"]),
-          "block_n": _pow2_at_least(cols, 16, tiles["block_n"]),
-          "block_k": _pow2_at_least(red, 16, tiles["block_k"])}
+          "block_m": pow2_at_least(rows, min_rows, tiles["block_m"]),
+          "block_n": pow2_at_least(cols, 16, tiles["block_n"]),
+          "block_k": pow2_at_least(red, 16, tiles["block_k"])}
 
 
 def _tile_dict(tile, k_scale: int = 1) -> dict:
@@ -106,7 +96,7 @@ class TritonRaggedDot(registry.Backend):
   name = "triton"
   # Code that decides a tuned config's speed: a change to it stales the records.
   kernel_modules = ("jaxgemm.kernels.triton.ragged_dot.grouped", "jaxgemm.triton_call",
-                    "jaxgemm.ops.ragged_dot.schedule")
+                    "jaxgemm.ragged_schedule")
   config_cls = RaggedDotTritonConfig
   variants = ("grouped",)
 
@@ -153,7 +143,7 @@ class TritonRaggedDot(registry.Backend):
         tile = candidate
         tiles = (problem.batch * problem.groups * -(-problem.k // candidate[0])
                  * -(-problem.n // candidate[1]))
-        if tiles >= NUM_SMS:
+        if tiles >= DEFAULT_NUM_SMS:
           break
     else:
       tile = _TILES[1] if problem.n <= 128 else _TILES[0]
@@ -180,7 +170,7 @@ class TritonRaggedDot(registry.Backend):
   def _within_smem(self, problem, config: RaggedDotTritonConfig) -> RaggedDotTritonConfig:
     """`config` with fewer stages, then narrower N tiles, until it fits in shared memory."""
     return within_shared_memory(config, lambda c: self._smem_bytes(problem, c)[0],
-                                SMEM_BYTES)
+                                SMEM_CAPACITY_BYTES)
 
   @staticmethod
   def _smem_bytes(problem: RaggedDotProblem, config) -> tuple[int, str]:
@@ -208,10 +198,10 @@ class TritonRaggedDot(registry.Backend):
       if getattr(config, field) < 16:
         raise ValueError(f"{what}: tl.dot needs {field} >= 16, got {getattr(config, field)}")
     smem, formula = self._smem_bytes(problem, config)
-    if smem > SMEM_BYTES:
+    if smem > SMEM_CAPACITY_BYTES:
       raise ValueError(
           f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
 
   def impl(self, problem: RaggedDotProblem, variant: str, config: KernelConfig, platform: str):
     grouped = importlib.import_module("jaxgemm.kernels.triton.ragged_dot.grouped")

@@ -15,12 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgemm import sharding
+from jaxgemm import gemm, sharding
 from jaxgemm.config import KernelConfig
-from jaxgemm.ops.matmul import api as matmul_api
+from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPE, SCALE_DTYPES
 from jaxgemm.ops.scaled_matmul.primitive import bind
-from jaxgemm.ops.scaled_matmul.problem import (FP8_DTYPES, OUT_DTYPES, SCALE_DTYPE, SCALE_DTYPES,
-                                               ScaledMatmulProblem, blocks)
+from jaxgemm.ops.scaled_matmul.problem import OUT_DTYPES, ScaledMatmulProblem, blocks
 
 _RANK = {"tensor": 0, "row_col": 1, "block": 2}
 
@@ -190,12 +189,12 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
       b_scale = jnp.broadcast_to(b_scale, (*batch, *b_scale.shape[-2:]))
     ndims = (len(batch), 1, 1, 1)
   if precision is not None:
-    precision = matmul_api._canonical_precision(precision)
+    precision = gemm.canonical_precision(precision)
   problem = ScaledMatmulProblem(
       math.prod(batch) if not shared else 1, m * (math.prod(batch) if shared else 1), n, k,
       np.dtype(a.dtype), out_dtype, np.dtype(np.float32), bool(trans_a), bool(trans_b),
       precision, b_dtype=np.dtype(b.dtype), scale_kind=kind, scale_dtype=scale_dtype)
-  route = matmul_api._route(problem, backend, variant, config, None)
+  params = gemm.kernel_params(problem, backend, variant, config, None)
   return bind(a, b, a_scale.astype(scale_dtype), b_scale.astype(scale_dtype),
               trans_a=trans_a, trans_b=trans_b, ndims=ndims, out_dtype=out_dtype,
-              scale_kind=kind, precision=precision, out_sharding=out_sharding, **route)
+              scale_kind=kind, precision=precision, out_sharding=out_sharding, **params)

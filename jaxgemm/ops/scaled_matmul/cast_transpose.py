@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxgemm import sharding
 from jaxgemm.ops import rules
-from jaxgemm.ops.scaled_matmul.problem import BLOCK
+from jaxgemm.gemm import BLOCK, scale_shape
 
 cast_transpose_p = Primitive("jaxgemm_cast_transpose")
 cast_transpose_p.multiple_results = True
@@ -49,11 +49,6 @@ def bind(x, scale, *, dtype, scale_dtype, modes):
   operands = (x, scale) if modes == ("tensor", "tensor") else (x,)
   return cast_transpose_p.bind(*operands, dtype=np.dtype(dtype),
                                scale_dtype=np.dtype(scale_dtype), modes=modes, shape=x.shape)
-
-
-def scale_shape(mode, rows, cols):
-  """The scales' shape of quantizing a (rows, cols) array in block `mode` ("row", "tile")."""
-  return (rows if mode == "row" else math.ceil(rows / BLOCK), math.ceil(cols / BLOCK))
 
 
 @cast_transpose_p.def_abstract_eval

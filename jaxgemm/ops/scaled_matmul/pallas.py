@@ -59,12 +59,12 @@ import numpy as np
 
 from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig
-from jaxgemm.ops.matmul import pallas as matmul_pallas
+from jaxgemm.gemm import (BLOCK, FP8_DTYPES, SMEM_CAPACITY_BYTES, GemmProblem, mosaic_gpu_error,
+                          pow2_at_least)
 from jaxgemm.ops.matmul.pallas import PallasConfig
-from jaxgemm.ops.matmul.problem import GemmProblem
 from jaxgemm.ops.scaled_matmul import xla as scaled_xla
-from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_KINDS,
-                                               ScaledMatmulProblem, kernel_win)
+from jaxgemm.ops.scaled_matmul.problem import (OUT_DTYPES, SCALE_KINDS, ScaledMatmulProblem,
+                                               kernel_win)
 
 VARIANTS = ("warp_specialized", "warp_specialized_tma_scales")
 DEFAULT_VARIANT = "warp_specialized"   # per-tensor and per-row/column scales
@@ -183,7 +183,7 @@ def fit_stages(problem: ScaledMatmulProblem, config: PallasConfig,
   """`config` with the deepest ring (at most 8 stages, at least 2) that fits shared memory."""
   config = dataclasses.replace(config, max_concurrent_steps=_MAX_STAGES)
   while (sum(smem_bytes(problem, config, variant).values())
-         > matmul_pallas._SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
+         > SMEM_CAPACITY_BYTES and config.max_concurrent_steps > 2):
     config = dataclasses.replace(config, max_concurrent_steps=config.max_concurrent_steps - 1)
   return config
 
@@ -211,10 +211,6 @@ def _clustered(config: PallasConfig) -> PallasConfig:
   return dataclasses.replace(config, cluster_m=1, cluster_n=2)
 
 
-def _mosaic_gpu_error() -> str | None:
-  return matmul_pallas._mosaic_gpu_error()
-
-
 class PallasScaledMatmul(registry.Backend):
   op = "scaled_matmul"
   name = "pallas"
@@ -235,7 +231,7 @@ class PallasScaledMatmul(registry.Backend):
     return win[1] if win and win[0] == "pallas" else None
 
   def unavailable_reason(self) -> str | None:
-    return _mosaic_gpu_error()
+    return mosaic_gpu_error()
 
   def check(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig) -> None:
     what = "backend='pallas' scaled_matmul"
@@ -249,7 +245,7 @@ class PallasScaledMatmul(registry.Backend):
     if problem.scale_kind not in SCALE_KINDS:
       raise NotImplementedError(f"{what} takes scale_kind in {SCALE_KINDS}; got "
                                 f"scale_kind={problem.scale_kind!r}")
-    reason = _mosaic_gpu_error()
+    reason = mosaic_gpu_error()
     if reason is not None:
       raise NotImplementedError(f"{what} needs Mosaic GPU: {reason}")
     if jax.config.jax_enable_x64:
@@ -302,13 +298,13 @@ class PallasScaledMatmul(registry.Backend):
                        f"{config.split_rounds} must be 1")
     parts = smem_bytes(problem, config, variant)
     total = sum(parts.values())
-    if total > matmul_pallas._SMEM_CAPACITY_BYTES:
+    if total > SMEM_CAPACITY_BYTES:
       detail = " + ".join(f"{k}={v}" for k, v in parts.items())
       raise ValueError(
           f"{what} with {tile_m=}, {tile_n=}, max_concurrent_steps="
           f"{config.max_concurrent_steps} ({kernel_dtype(problem).name} operands in SMEM) "
           f"needs {total} bytes of shared memory ({detail}), more than the "
-          f"{matmul_pallas._SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; lower "
+          f"{SMEM_CAPACITY_BYTES} bytes a Hopper CTA can have; lower "
           f"max_concurrent_steps or the tiles")
 
   def default_config(self, problem: ScaledMatmulProblem, variant: str) -> PallasConfig:
@@ -337,7 +333,7 @@ class PallasScaledMatmul(registry.Backend):
     """
     skinny = problem.m <= 128
     tile_m = 128
-    tile_n = matmul_pallas._pow2_at_least(problem.n, 64, 64 if skinny else 128)
+    tile_n = pow2_at_least(problem.n, 64, 64 if skinny else 128)
     tiles = lambda tn: problem.batch * math.ceil(problem.m / tile_m) * math.ceil(problem.n / tn)
     rounds = lambda tn: math.ceil(tiles(tn) / _HOPPER_SMS)
     wide_ok = problem.scale_kind != "block" or variant == TMA_SCALES

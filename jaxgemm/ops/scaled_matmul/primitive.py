@@ -39,12 +39,12 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad
 
 from jaxgemm import registry, sharding
+from jaxgemm.gemm import BLOCK, FP8_DTYPES, SCALE_DTYPES, dimension_groups
 from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op
 from jaxgemm.ops.rules import moved
 from jaxgemm.ops.matmul import primitive as matmul_primitive
-from jaxgemm.ops.scaled_matmul.problem import (BLOCK, FP8_DTYPES, OUT_DTYPES, SCALE_DTYPES,
-                                               SCALE_KINDS, ScaledMatmulProblem, blocks)
+from jaxgemm.ops.scaled_matmul.problem import OUT_DTYPES, SCALE_KINDS, ScaledMatmulProblem, blocks
 
 scaled_matmul_p = Primitive("jaxgemm_scaled_matmul")
 
@@ -60,8 +60,8 @@ NOT_DIFFERENTIABLE = (
 
 def scale_shapes(a_shape, b_shape, *, trans_a, trans_b, ndims, scale_kind, **_):
   """The full shapes a_scale and b_scale must have for these operands."""
-  (batch, m, k), (_, _, n) = matmul_primitive._groups(a_shape, b_shape, trans_a=trans_a,
-                                                      trans_b=trans_b, ndims=ndims)
+  (batch, m, k), (_, _, n) = dimension_groups(a_shape, b_shape, trans_a=trans_a,
+                                              trans_b=trans_b, ndims=ndims)
   k, n = math.prod(k), math.prod(n)
   if scale_kind == "tensor":
     return (), ()
@@ -86,7 +86,7 @@ def problem_of(a, b, a_scale, b_scale, *, trans_a, trans_b, ndims, out_dtype, sc
     if np.dtype(aval.dtype) not in FP8_DTYPES:
       raise TypeError(f"scaled_matmul_p's {name} must be fp8 {[d.name for d in FP8_DTYPES]}; "
                       f"got {np.dtype(aval.dtype).name}")
-  (batch, m, k_a), (b_batch, k_b, n) = matmul_primitive._groups(
+  (batch, m, k_a), (b_batch, k_b, n) = dimension_groups(
       a.shape, b.shape, trans_a=trans_a, trans_b=trans_b, ndims=ndims)
   if batch != b_batch or k_a != k_b:
     raise TypeError(f"scaled_matmul_p operands do not fit: a.shape={a.shape} "

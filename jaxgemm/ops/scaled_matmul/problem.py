@@ -8,20 +8,13 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgemm.ops.matmul.problem import GemmProblem
+from jaxgemm.gemm import BLOCK, SCALE_DTYPE, SCALE_DTYPES, GemmProblem
 
-# The operand dtypes: Hopper's FP8 wgmma takes e4m3 and e5m2 in any pairing.
-FP8_DTYPES = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
+# The result dtypes. (The operand and scale dtypes and the scale BLOCK are the FP8
+# formats of `jaxgemm.gemm`, which the quantizer kernel shares.)
 OUT_DTYPES = (np.dtype(jnp.bfloat16), np.dtype(jnp.float16), np.dtype(jnp.float32))
-SCALE_DTYPE = np.dtype(np.float32)
-# Scales come in float32, or as powers of two in the MX scale type (`quantize`'s
-# scale_dtype); kernels read both as float32.
-SCALE_DTYPES = (SCALE_DTYPE, np.dtype(jnp.float8_e8m0fnu))
 # How the scales cover the operands (shapes in `ScaledMatmulProblem`'s docstring).
 SCALE_KINDS = ("tensor", "row_col", "block")
-# The width of a scale block along K (and N for b's 128x128 blocks): the interval
-# at which the kernels promote their partial sums to fp32.
-BLOCK = 128
 
 
 def blocks(size: int) -> int:

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxgemm import sharding
 from jaxgemm.ops.scaled_matmul import cast_transpose
-from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, SCALE_DTYPES
+from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPES
 
 E8M0 = np.dtype(jnp.float8_e8m0fnu)
 

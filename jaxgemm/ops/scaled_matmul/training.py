@@ -46,8 +46,10 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxgemm import sharding
+from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPES
+from jaxgemm.ops.fused_matmul.api import check_epilogue, reference_epilogue
 from jaxgemm.ops.scaled_matmul.api import scaled_matmul
-from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, OUT_DTYPES, SCALE_DTYPES
+from jaxgemm.ops.scaled_matmul.problem import OUT_DTYPES
 from jaxgemm.ops.scaled_matmul.quantize import E8M0, QUANTIZE_BACKENDS, quantize_pair
 
 SCALINGS = ("tensor", "block")
@@ -262,7 +264,6 @@ def matmul(a, b, fp8, *, bias=None, activation=None, residual=None, precision=No
   epilogue (bias, activation, residual) as XLA ops after it. `out_sharding` is the
   forward GEMM's, as jnp.matmul's (needed where a sharded K makes it ambiguous); the
   backward's GEMMs give each gradient its primal's sharding."""
-  from jaxgemm.ops.fused_matmul import api as fused_api  # noqa: PLC0415 (imports matmul's api)
   recipe = Fp8Recipe.named(fp8)
   if backend != "auto":
     if recipe.backend not in ("auto", backend):
@@ -292,6 +293,6 @@ def matmul(a, b, fp8, *, bias=None, activation=None, residual=None, precision=No
     raise TypeError(f"matmul with fp8= returns one of {[d.name for d in OUT_DTYPES]}; got "
                     f"result dtype {out_dtype.name} (pass preferred_element_type)")
   out_shape = (*a.shape[:-1], b.shape[1])
-  fused_api.check_epilogue(out_shape, out_dtype, bias, activation, residual)
+  check_epilogue(out_shape, out_dtype, bias, activation, residual)
   y = fp8_matmul(a, b, recipe, out_dtype, out_sharding)   # a 1-D a is one row
-  return fused_api.reference_epilogue(y, bias, activation, residual)
+  return reference_epilogue(y, bias, activation, residual)

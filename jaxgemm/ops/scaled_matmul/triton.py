@@ -43,9 +43,9 @@ import numpy as np
 
 from jaxgemm import registry
 from jaxgemm.config import KernelConfig, within_shared_memory
-from jaxgemm.ops.matmul.triton import (ALIGN_MIN_OPERAND_BYTES, SMEM_BYTES, TritonConfig,
-                                       TritonMatmul)
-from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulProblem, kernel_win
+from jaxgemm.gemm import BLOCK, FP8_DTYPES, SMEM_CAPACITY_BYTES, pow2_at_least, tile_count
+from jaxgemm.ops.matmul.triton import ALIGN_MIN_OPERAND_BYTES, TritonConfig, TritonMatmul
+from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem, kernel_win
 
 # Tiles, largest first: (block_m, block_n, block_k, num_warps, num_stages). The
 # kernel holds two fp32 tiles in registers (the accumulator and the block's
@@ -87,17 +87,6 @@ _SWAPPED_MIN_SM_FRACTION = 0.75
 BLOCK_K_CHOICES = (32, 64, 128)
 
 
-def _pow2_at_least(x: int, lo: int, hi: int) -> int:
-  p = lo
-  while p < x and p < hi:
-    p *= 2
-  return p
-
-
-def _tile_count(problem: ScaledMatmulProblem, block_m: int, block_n: int) -> int:
-  return problem.batch * -(-problem.m // block_m) * -(-problem.n // block_n)
-
-
 class TritonScaledMatmul(registry.Backend):
   op = "scaled_matmul"
   name = "triton"
@@ -136,11 +125,11 @@ class TritonScaledMatmul(registry.Backend):
     swap = self._swaps(problem)
     in_place = swap or self._reads_weight_in_place(problem)
     for block_m, block_n, block_k, num_warps, num_stages in _TILES:
-      if _tile_count(problem, block_m, block_n) >= num_sms:
+      if tile_count(problem, block_m, block_n) >= num_sms:
         break
     if swap:
       tile = _SWAPPED_TILE
-      if _tile_count(problem, 128, 128) < _SWAPPED_MIN_SM_FRACTION * num_sms:
+      if tile_count(problem, 128, 128) < _SWAPPED_MIN_SM_FRACTION * num_sms:
         tile = _SWAPPED_NARROW_TILE
       block_m, block_n, block_k, num_warps, num_stages = tile
     elif in_place:
@@ -148,9 +137,9 @@ class TritonScaledMatmul(registry.Backend):
     # Swapped, block_m is wgmma's N, which takes 16 and up.
     min_m = 64 if problem.m >= 64 and not swap else 16
     config = TritonConfig(
-        block_m=_pow2_at_least(problem.m, min_m, block_m),
-        block_n=_pow2_at_least(problem.n, 16, block_n),
-        block_k=_pow2_at_least(problem.k, BLOCK_K_CHOICES[0], block_k),
+        block_m=pow2_at_least(problem.m, min_m, block_m),
+        block_n=pow2_at_least(problem.n, 16, block_n),
+        block_k=pow2_at_least(problem.k, BLOCK_K_CHOICES[0], block_k),
         num_warps=num_warps, num_stages=num_stages, group_m=8,
         align_operands=self._worth_aligning(problem) and not in_place, swap_ab=swap)
     return self._within_smem(problem, config)
@@ -183,7 +172,7 @@ class TritonScaledMatmul(registry.Backend):
     base = self.default_config(problem, "blocked")
     if base.swap_ab:
       tile = _SWAPPED_NARROW_TILE if base.block_n > 64 else _SWAPPED_TILE
-      other = dataclasses.replace(base, block_n=_pow2_at_least(problem.n, 16, tile[1]),
+      other = dataclasses.replace(base, block_n=pow2_at_least(problem.n, 16, tile[1]),
                                   num_warps=tile[3])
     else:
       other = dataclasses.replace(base, block_m=min(base.block_m, 64), num_warps=4)
@@ -196,7 +185,7 @@ class TritonScaledMatmul(registry.Backend):
     return out
 
   def _within_smem(self, problem, config: TritonConfig) -> TritonConfig:
-    return within_shared_memory(config, lambda c: self._smem_bytes(c)[0], SMEM_BYTES)
+    return within_shared_memory(config, lambda c: self._smem_bytes(c)[0], SMEM_CAPACITY_BYTES)
 
   @staticmethod
   def _smem_bytes(config) -> tuple[int, str]:
@@ -234,10 +223,10 @@ class TritonScaledMatmul(registry.Backend):
                        f"(a K step divides the {BLOCK}-wide scale block, and fp8 tensor "
                        f"cores take 32 of K at a time)")
     smem, formula = self._smem_bytes(config)
-    if smem > SMEM_BYTES:
+    if smem > SMEM_CAPACITY_BYTES:
       raise ValueError(
           f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_BYTES} available; lower num_stages or the tiles")
+          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
 
   def impl(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig,
            platform: str):

@@ -29,7 +29,8 @@ from jax import lax
 
 from jaxgemm import registry
 from jaxgemm.ops.matmul.xla import XlaConfig
-from jaxgemm.ops.scaled_matmul.problem import BLOCK, FP8_DTYPES, ScaledMatmulProblem
+from jaxgemm.gemm import BLOCK, FP8_DTYPES
+from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem
 
 F32, BF16 = np.dtype(np.float32), np.dtype(jnp.bfloat16)
 

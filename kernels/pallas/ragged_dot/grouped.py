@@ -45,8 +45,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from jaxgemm import ragged_schedule as schedule
 from jaxgemm.kernels.pallas import common
-from jaxgemm.ops.ragged_dot import schedule
 
 GROUP, ROW_START, ROW_END = schedule.GROUP, schedule.ROW_START, schedule.ROW_END
 # Stores committed as one group per epilogue piece (both in jax 0.10.2); without

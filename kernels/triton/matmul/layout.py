@@ -11,7 +11,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgemm.ops.matmul.problem import GemmProblem
+from jaxgemm.gemm import GemmProblem
 
 
 def misaligned_rows(problem: GemmProblem) -> str | None:

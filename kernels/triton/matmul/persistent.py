@@ -172,7 +172,7 @@ def num_sms(platform: str) -> int:
   builds a helper module on first use, which fails once jax-triton has set
   TRITON_CACHE_DIR to "" (the H200 GPU test run of 2026-11-22).
   """
-  from jaxgemm.ops.matmul.triton import DEFAULT_NUM_SMS  # noqa: PLC0415
+  from jaxgemm.gemm import DEFAULT_NUM_SMS  # noqa: PLC0415
   gpus = [d for d in jax.devices() if d.platform == "gpu"] if platform == "cuda" else []
   return (getattr(gpus[0], "core_count", None) if gpus else None) or DEFAULT_NUM_SMS
 

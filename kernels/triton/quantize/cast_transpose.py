@@ -46,8 +46,7 @@ import triton
 import triton.language as tl
 
 from jaxgemm import triton_call
-from jaxgemm.ops.scaled_matmul.cast_transpose import scale_shape
-from jaxgemm.ops.scaled_matmul.problem import FP8_DTYPES, SCALE_DTYPES
+from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPES, scale_shape
 
 # The scale block, and so the tile a program owns.
 TILE = 128

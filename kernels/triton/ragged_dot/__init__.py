@@ -4,6 +4,6 @@
                   `ragged_m_kernel` (forward, lhs gradient) and
                   `ragged_k_kernel` (weight gradient, ragged rows contracted)
 
-Both take the schedule tables of `jaxgemm.ops.ragged_dot.schedule` as device
+Both take the schedule tables of `jaxgemm.ragged_schedule` as device
 int32 arrays and every integer as a constexpr (see jaxgemm/triton_call.py).
 """

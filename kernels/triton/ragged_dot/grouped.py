@@ -3,7 +3,7 @@
 `group_sizes` is a device array, so which rows belong to which group is known
 only when the kernel runs. The kernels take small int32 tables made by a few
 XLA ops just before the launch from the groups' row ranges
-(`jaxgemm.ops.ragged_dot.schedule.group_bounds`, (B, 2, G)):
+(`jaxgemm.ragged_schedule.group_bounds`, (B, 2, G)):
 
 * `ragged_m_kernel` (forward; the lhs gradient is the same kernel with the
   weights transposed): grid (num_group_slots * tiles_n, B). A slot is one
@@ -37,9 +37,10 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
+from jaxgemm import ragged_schedule as schedule
 from jaxgemm import triton_call
+from jaxgemm.gemm import DEFAULT_NUM_SMS
 from jaxgemm.kernels.triton.common import grouped_tile
-from jaxgemm.ops.ragged_dot import schedule
 
 
 @triton.jit
@@ -266,7 +267,6 @@ def _dot_precision(problem) -> str:
   return problem.fp32_precision or "tf32"   # 16-bit operands ignore it
 
 
-DEFAULT_NUM_SMS = 132   # H100/H200, where the device cannot be asked
 # Each group's row tiles start at its first row: masked loads take any row, so
 # a group of r rows runs ceil(r / block_m) tiles (a G=64 layer with 256 rows per
 # group on average: about 160 tiles of 128 rows where block_m-aligned tiles run 192).

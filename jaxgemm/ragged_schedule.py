@@ -1,5 +1,8 @@
 """Where each group's rows are, and which tiles of rows a kernel runs: computed on the device.
 
+The grouped GEMM's schedule: `jaxgemm.ops.ragged_dot` and its kernels
+(`jaxgemm.kernels.*.ragged_dot`) both use it, so it sits below both.
+
 `group_sizes` is a device array under jit (routing changes every step), so
 neither the host nor the compiler knows which rows belong to which group. The
 primitive carries each group's row range instead, `group_bounds` (B, 2, G)
