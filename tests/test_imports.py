@@ -224,7 +224,6 @@ def test_no_import_circle_in_the_library():
       repository_graph(), found)
 
 
-@pytest.mark.xfail(strict=False, reason="bench helper: bench/'s circles are resolved on its branch")
 def test_no_import_circle_in_bench():
   found = _circles_where(bench=True)
   assert not found, "import circles in bench/:\n" + describe(repository_graph(), found)
