@@ -268,7 +268,7 @@ class PipelinedWallTimer:
   `time(f, args, n)` launches n calls, waits once for the last (the devices run them in
   order) and gives each call the mean. In `time_paired`'s blocks (about 10 ms of calls)
   a 1 ms layout row is then timed ten calls at a time; a 25 ms step one call at a time, as
-  before. The first 4 x H200 run (bench/results/h200x4-sharded-2026-11-26/) timed every call
+  before. The first 4 x H200 run (the sharded suite at 6b50250, 4 x H200) timed every call
   alone, and its layout rows' XLA medians moved from 0.63 to 1.08 ms within one row
   (docs/results-sharded.md); this timer has not run on a GPU yet.
   """

@@ -109,8 +109,8 @@ class ModelConfig:
   # step 3), and such jumps made two runs that differ only in GEMM rounding
   # part ways: XLA's own trajectory ended at 8.75 in six runs and at 8.82 in
   # the seventh, after a spike to 10.18 at step 32 that the others did not
-  # have (runs h200-default-2026-11-23e and -23f: their loss curves are in git
-  # history at commit 6af37ac, their step times in bench/results/history.csv).
+  # have (the default suites at 3fe496e and 7d33c76, H200: their loss curves are in git history
+  # there, their step times in bench/results/history.csv).
   warmup_steps: int = 10
   clip_norm: float = 1.0
   # A mixture-of-experts MLP (n_experts > 0): each token goes to its top_k experts,
@@ -128,7 +128,7 @@ class ModelConfig:
   # fp32 (every model's, and what the earlier steps measured); "flash" is
   # jax.nn.dot_product_attention, cuDNN's fused flash attention on a GPU (XLA's
   # composition elsewhere): what a training step on Hopper runs. The FP8 step's
-  # kernel profiles with each: research/probes/fp8-step-2026-11-26.
+  # kernel profiles with each: the FP8 step probe at 07c5d31, H200.
   attention: str = "xla"
 
   def __post_init__(self):
@@ -223,7 +223,7 @@ CPU_SWIGLU_MODEL = ModelConfig(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, n
 # MLP 14336), 8 x 1024 tokens and flash attention: the MLP's up projection is
 # 8192x4096x14336 (and its dgrad and wgrad), the others 8192x4096x12288 (QKV),
 # 8192x4096x4096 (O) and 8192x14336x4096 (down): 18.1 TFLOP of FP8 GEMMs a step in 2
-# layers, the logits 1.6 of bf16. Why this size (research/probes/fp8-step-2026-11-26,
+# layers, the logits 1.6 of bf16. Why this size (the FP8 step probe at 07c5d31,
 # the steps' CUPTI kernel profiles on the H200): at 4 x 1024 tokens with the
 # materialized fp32 attention, XLA's bf16 step took 22.1 ms, 11.1 of them in the GEMMs
 # FP8 replaces; those took 6.7 ms in FP8, so with free quantization that step would be
@@ -235,7 +235,7 @@ CPU_SWIGLU_MODEL = ModelConfig(batch=2, seq=8, d_model=32, n_heads=2, d_ff=64, n
 # own bf16 step spiked (loss 6.57 -> 7.78 at step 8, 6.02 -> 7.67 at step 19) and the
 # FP8 runs spiked at other steps, so the trajectories parted by up to 33% mid-run and
 # the last step's loss compared chaos more than rounding
-# (research/probes/fp8-step-2026-11-26/run2/fp8-step).
+# (the FP8 step probe's run2 at b5b0db4, H200).
 GPU_FP8_MODEL = ModelConfig(batch=8, seq=1024, d_model=4096, n_heads=32, d_ff=14336,
                             n_layers=2, vocab=8192, steps=100, lr=3e-4, fp8=True,
                             attention="flash")
@@ -257,8 +257,8 @@ FP8_OPTIONS = {name: jaxgemm.Fp8Recipe(scaling, **fields)
 # than 10% off (divergence). Not each step's loss: from step 26 to 38 this model's loss
 # oscillates, and XLA's bf16 step against itself (same program, seed and card, two runs)
 # differed by up to 8.1% at a single step and 3.1% in the 10-step mean; the FP8 recipes
-# by 7.1-10.0% and 1.9-4.5% (H100 runs 9, 10 and 10b, H200 run3;
-# research/probes/fp8-fused-quant/README.md). The single-step maximum is still reported.
+# by 7.1-10.0% and 1.9-4.5% (the fp8-fused-quant probe's runs 9, 10 and 10b at 21b052b and f0b6981,
+# H100, and the FP8 step probe's run3 at 234bc9c, H200). The single-step maximum is still reported.
 FP8_TOLERANCES = {"trajectory": 0.10, "grad": 0.25, "loss0": 1e-2}
 FP8_TRAJECTORY_WINDOW = 10
 

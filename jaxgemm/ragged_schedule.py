@@ -64,7 +64,7 @@ def row_tiles(bounds: jax.Array, m: int, block_m: int, align: int = 1) -> jax.Ar
 
   A few elementwise ops and sums over (slots x ranges), which XLA fuses into one
   or two small kernels: a cumsum and a searchsorted here took 25.5 us before a
-  ~280 us grouped GEMM on the H100 (research/ragged_dot/h100-triton-2026-11-25.log).
+  ~280 us grouped GEMM on the H100 (research/ragged_dot/triton_gpu.py at ead8d4f).
   """
   batch, _, groups = bounds.shape
   # The ranges: [0, first group's start), the G groups, [last group's end, m).

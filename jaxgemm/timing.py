@@ -139,7 +139,7 @@ class Timer:
     outputs alive until it returns, so a function with large outputs (a training step
     returns the parameters and optimizer state: 5.2 GB for the fp8 suite's model) is
     measured a few calls at a time; 20 at once ran an 80 GB H100 and a 139 GB H200 out
-    of memory (research/probes/h200x4-2026-11-26).
+    of memory (the 4 x H200 runs' run2 at 6b50250).
     """
     if self._measure is None:
       return _wall(f, args, iters)
@@ -177,7 +177,7 @@ class Timer:
 # of ten such calls span the steps. So timed, XLA's dot against itself read
 # 0.935x in the default run -23h and 0.97-1.01x in the probe; in 10 ms blocks
 # 1.000x +- 0.001 on five shapes, three reps each
-# (research/probes/timing-2026-11-23i/probe_pairing.log).
+# (the paired-timing probe at 0834948, H200).
 PAIR_BLOCK_MS = 10.0
 
 
@@ -191,9 +191,9 @@ def time_paired(timer: Timer, kernel, reference, args, iters: int,
   so a drift of the GPU's clocks during a problem weighs on both alike. Timed
   one after the other, the one timed first is favoured: in the Pallas probes
   XLA's dot, timed again after a dozen kernels, read 0.4-2% slower on the
-  8192-sized problems (8192x14336x4096: 826.2 then 810.5 TFLOP/s,
-  research/probes/pallas-2026-11-23/probe_stream_k.log; 8192x4096x14336:
-  820.6 then 749.6, research/probes/pallas-2026-11-23c/probe_pingpong.log).
+  8192-sized problems (8192x14336x4096: 826.2 then 810.5 TFLOP/s, the Pallas exact-store and
+  stream-K probe at 0834948; 8192x4096x14336:
+  820.6 then 749.6, the ping-pong probe at 0834948).
   A block holds about `block_ms` of the reference's time (one untimed call of
   it first sizes them), from one call up to iters / 2, so calls of a few
   milliseconds alternate every few calls (`PAIR_BLOCK_MS`); `chunk` caps the

@@ -65,7 +65,7 @@ TOLERANCE = {"bfloat16": 1e-2, "float16": 5e-3, "tf32": 5e-3, "tf32x3": 1e-4,
 # some and 0.95x in others. Where they are far apart the pick is stable, even
 # when it is the slower one: 128x4096 @ 4096x4096 ran a split-K Triton GEMM in
 # 16.0-18.1 us in all of 13 processes, while the same dot compiled with the Triton
-# GEMMs off ran in 11.9-12.7 us (research/probes/xla-modes-2026-11-23k/).
+# GEMMs off ran in 11.9-12.7 us (the XLA-modes probe at 0834948, H200).
 # So on a GPU the tuner compiles XLA's dot as it comes and with these options,
 # and measures kernels against the faster program where the two are within
 # `XLA_PICK_SPREAD` of each other (a user's process may get either), and
@@ -80,9 +80,9 @@ XLA_PICK_SPREAD = 0.10
 # independent timing is what they are ranked and stored by. The best of many
 # noisy first readings reads high: on the H200 paired ratios of one kernel
 # moved by up to 2.3% between two timings in one process
-# (research/probes/pallas-2026-11-23f/probe_tail.log), and the tuner's
+# (the stream-K tail probe at 0834948, H200), and the tuner's
 # pick for 8192x4096x28672 read 0.99x there but 0.934x in the benchmark run
-# that followed (run h200-default-2026-11-23f, in git history at 6af37ac).
+# that followed (the default suites at 7d33c76, H200).
 CONTENDER_MARGIN = 0.03
 
 

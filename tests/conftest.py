@@ -29,7 +29,7 @@ import zlib
 # threads in its barrier callbacks; with XLA:CPU's concurrency-optimized
 # scheduler on 2 cores (CI's machine), the persistent Pallas kernels' forced
 # stream-K test finished in 1 run of 5 and hung in the others, and in 5 of 5
-# with it off (research/probes/pallas-2026-11-23b/README.md).
+# with it off (the cuBLAS-kernels and TMA-ring probe at 0834948).
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [
     os.environ.get("XLA_FLAGS"), "--xla_cpu_enable_concurrency_optimized_scheduler=false"]))
 

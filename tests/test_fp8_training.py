@@ -91,7 +91,8 @@ def test_batched_x_and_1d_x_join_m(fp8, rng):
 def assert_same_entry(got, want, what=""):
   """Bit for bit on the CPU. On the GPU a batched GEMM may run another kernel than its
   entries' (cuBLAS or ours, other accumulation orders): one bf16 rounding, norm-wise
-  (vmap_probe.py in research/probes/fp8-fused-quant, H100: elements up to 0.0156 apart,
+  (vmap_probe.py, the fp8-fused-quant probe's run12-vmap at 26b6419, H100:
+  elements up to 0.0156 apart,
   with either quantizer). A per-tensor scale shared across the entries puts the 1/64 entry 1.25% off
   (3x the bound), as the flattened batch quantizes it."""
   if jax.default_backend() == "cpu":
@@ -122,7 +123,7 @@ def test_triton_quantizer_gives_the_same_step(fp8, rng):
   """quantize_backend="triton" (one cast-transpose kernel a tensor, Triton's interpreter
   on the CPU) gives the xla quantizer's y, dX and dW, under jit and vmap: bit for bit on
   the CPU (the same fp8 operands reach the same GEMMs). On the GPU, XLA's block-scaled
-  quantize is not bit-equal to the kernel (run8b, research/probes/fp8-fused-quant;
+  quantize is not bit-equal to the kernel (the fp8-fused-quant probe's run8b at 21b052b; its
   diff_probe.py says which elements), so there the results agree to 2**-9 norm-wise,
   a bf16 rounding. (Ragged M, K, N: partial tiles.)"""
   pytest.importorskip("triton")

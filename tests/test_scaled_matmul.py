@@ -16,9 +16,9 @@ worst element is where one interval is most of the sum (K near 128): there
 every promoted kernel, Pallas and Triton alike, read up to 7.4e-4 (1.5 *
 2**-11) of |A| @ |B| element-wise, in 37-43 of 122880 elements at K = 130, and
 at most 2.2e-4 at K = 1024 and 4096 (H100, 30 seeds of the operands below,
-research/probes/fp8-fused-quant/run11a `acc_probe.py`); norm-wise they read
-at most 3.6e-4 there, and 1.2e-4 to 3.1e-4 on the H200 (research/probes/
-fp8-step-2026-11-26/run2/fp8-gpu-tier.log). 2**-11, the bound before run11a,
+the fp8-fused-quant probe's run11a at f0b6981, `acc_probe.py`); norm-wise they read
+at most 3.6e-4 there, and 1.2e-4 to 3.1e-4 on the H200 (the FP8 step probe's run2 at
+b5b0db4). 2**-11, the bound before run11a,
 was set from those norm-wise readings and failed element-wise on an H100
 (run10's tier: 6 of 4000 elements, 1.2x over); 2**-10 (9.8e-4) is 1.3x above
 the worst element read. Unpromoted, the error grows with K (about 2% of the

@@ -314,7 +314,7 @@ def _gpu_one_device_programs(backend, rng):
 def test_one_device_mesh_runs_the_unsharded_kernel_on_the_gpu(backend, rng):
   """On the GPU: a 1-device mesh chooses the kernel for the whole problem, as the
   unsharded call does, and computes the same result (research/sharding/one_gpu.py
-  also times the two: equal within 1% on the H200, research/probes/h200-gpu-tests-2026-11-25.log)."""
+  also times the two: equal within 1% on the H200, the GPU tier at da991c2)."""
   plain, sharded, placed, args, seen = _gpu_one_device_programs(backend, rng)
   problems = [x.problem.describe() for x in seen]
   assert problems == ["1x(512x256 @ 256x384) NN bfloat16->bfloat16"] * 2, problems

@@ -92,7 +92,7 @@ def test_default_variant(problem, variant):
 
 
 # ------------------------------------------------------------ the no-record heuristic
-# Each case is a measured class of the random suite (research/probes/heuristic-2026-11-25),
+# Each case is a measured class of the random suite (the no-record heuristic probe at eda866f, H200),
 # on a Hopper GPU's 132 SMs: what `dispatch.choose` sizes for a kernel lowered for "cuda"
 # (without a GPU here, `heuristic_num_sms` falls back to the H100/H200's count).
 

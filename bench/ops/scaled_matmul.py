@@ -31,7 +31,7 @@ FP8_DOT, BF16_DOT = "fp8_dot", "bf16_dot"
 # the same checks: (scaling, Fp8Recipe's other fields). Each is a named recipe as it was
 # before run11 (per tensor: float32 scales and XLA's quantizer, 1.14-1.15x of XLA's bf16
 # step against the named one's 1.245-1.255x; block: XLA's quantizer, 0.93-0.95x against
-# 1.07-1.09x; H100, paired, research/probes/fp8-fused-quant/ runs 10-13).
+# 1.07-1.09x; H100, paired, the fp8-fused-quant probe's runs 10-13 at f0b6981 to 7d3d88d).
 FP8_RECIPES = ("tensor", "block")
 FP8_VARIANT_PREFIX = "fp8="
 FP8_OPTION_RECIPES = {
@@ -397,7 +397,7 @@ ENTRY = BenchOp(
     # Less than the other suites' 450 s: the FP8 step's last run, the xla backend's block
     # recipe (a fori_loop over K blocks per GEMM, ~0.4 s a step at d_model 4096 by the
     # estimate in bench/README.md), takes ~60-90 s where the others take 20-40 s (the H100's
-    # d_model 1024 steps compiled in 3-24 s: bench/results/h100-epilogue-2026-11-25d).
+    # d_model 1024 steps compiled in 3-24 s: the epilogue suite at 2626589, H100).
     gpu_time_budget_s=420.0,
     extra_variants=tuple(FP8_VARIANT_PREFIX + r for r in (*FP8_RECIPES, *FP8_OPTION_RECIPES)),
     peers=(PEER,),

@@ -160,8 +160,8 @@ def _patch_interpreter() -> None:
   gc.copy_smem_to_gmem = copy_smem_to_gmem
 
 
-# jax 0.10 takes load's index as an argument; 0.11 deprecates it (DeprecationWarning
-# in the H200 GPU tier, research/probes/h200-gpu-tests-2026-11-23b.log) and
+# jax 0.10 takes load's index as an argument; 0.11 deprecates it (DeprecationWarning in the H200 GPU
+# tier at 0834948) and
 # takes the reference already indexed.
 _LOAD_IDX = inspect.signature(plgpu.load).parameters.get("idx")
 _LOAD_TAKES_INDEX = _LOAD_IDX is not None and _LOAD_IDX.default is inspect.Parameter.empty
@@ -223,7 +223,7 @@ def operand_swizzle(tm: int, tn: int, tk: int, dtype, trans_a: bool, trans_b: bo
   on the H200 (jax 0.11.2) a 32-deep K step next to 128-wide tiles failed to
   compile, with a bare `AssertionError` for A @ B (jax 0.10.2 says "WGMMA rhs
   swizzle must match lhs swizzle") and "K must be a multiple of 64, got: 32"
-  for A^T @ B (research/probes/pallas-2026-11-24/README.md).
+  for A^T @ B (the 256x192-tile and swizzle probe at 0834948, H200).
   The tiles of the default and tuned configs (all >= 64 wide) get 128 bytes.
   """
   return min(swizzle_bytes(d, dtype) for d in (a_tile_shape(tm, tk, trans_a)[1],
@@ -382,7 +382,7 @@ def stores_exact(problem, out_dtype) -> bool:
   down by XLA: for an odd element count that slice is an unvectorized copy
   (4095x4093 bf16: 80 us against the kernel's own 174 us, while a
   (4096, 4093) slice of the same array takes 21 us;
-  research/probes/pallas-2026-11-22-s3/probe_b.log). The persistent
+  the Pallas padding and slice probe at 0834948, H200). The persistent
   rungs then store each tile straight from registers to C, their edge tiles
   in windows that end at C's edge (`warp_specialized.store_exact`).
   """

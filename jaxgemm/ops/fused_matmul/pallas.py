@@ -186,7 +186,7 @@ class PallasFusedMatmul(registry.Backend):
     256x128x64 in 3 stages with 64-wide pieces 195.0 us at 4096^3 (0.928x XLA)
     and 1407.2 us at 8192x4096x14336 (0.894x); in 4 stages with 32-wide pieces
     185.1 us (0.979x) and 1297.3 us (0.970x); the plain matmul in 3 stages
-    loses the same 7% (research/probes/epilogue-pallas-2026-11-25/probe_sweep_run2.log).
+    loses the same 7% (the Pallas epilogue probe's run 2 at f97c058).
     Without tile slots 64-wide pieces stay (gelu+bias: 184.6 against 185.9 us).
     """
     config = _MATMUL.default_config(problem.as_gemm(), variant)

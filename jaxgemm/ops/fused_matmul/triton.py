@@ -19,7 +19,7 @@ Heuristics are the matmul's on `problem.as_gemm()` (split-K off), fitted to
 shared memory as the matmul's (the epilogue adds none: `_smem_bytes`).
 
 Measured on the H100, 4096^3 bf16, heuristic configs, against XLA's program of
-the same expression (research/probes/epilogue-2026-11-25/, CUPTI, paired):
+the same expression (the Triton epilogue probe at 6ab896e, CUPTI, paired):
 bias+gelu+residual 0.98-0.99x, bias+silu 1.03x, saved Z 0.95x (3 stages),
 gate out 1.02x, gates lhs/rhs (pre-pass) 0.98x / 0.97x; the plain matmul 0.97x.
 """
@@ -43,7 +43,7 @@ _VARIANTS = ("tensorcore", "persistent")
 # Gates "lhs"/"rhs" in the kernel (each loaded A/B tile times act'(Z) before the
 # dot) ran at 0.30x / 0.15x XLA's pre-pass + dot on the H100 (4096^3 bf16,
 # persistent 128x256x64: 0.680 / 1.368 ms against 0.204;
-# research/probes/epilogue-2026-11-25/triton_gpu-h100-run1.log): the tile,
+# the Triton epilogue probe's run 1 at b3ef967): the tile,
 # changed in registers, leaves Triton's cp.async pipeline, and B goes back to
 # shared memory for wgmma. So the backend computes A * act'(Z) (or B *
 # act'(Z)) in one XLA fusion, in fp32 rounded to the operand's dtype (the

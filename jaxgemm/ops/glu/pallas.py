@@ -127,7 +127,7 @@ class PallasGlu(registry.Backend):
     H100, jax 0.11.2, glu silu, CUPTI paired with XLA's `silu(x @ wg) * (x @ wu)`:
     256x64x64 in 4 stages 353.0 us at 4096^3 (1.183x XLA) and 2454.3 us at
     8192x4096x14336 (1.058x), against 356.9 and 2497.7 us for 128x128x64
-    (research/probes/epilogue-pallas-2026-11-25/probe_sweep_run2.log, probe_run1.log).
+    (the Pallas epilogue probe's runs 1 and 2 at f97c058).
     """
     config = _MATMUL.default_config(problem.as_gemm(), _RUNG[variant])
     tile_n = config.tile_n

@@ -173,7 +173,7 @@ class PallasMatmul(registry.Backend):
     256x128x64 in 4 stages for the two-consumer rungs, 128x128x64 in 6 for
     `pingpong` (a consumer's accumulator holds a whole tile; 5 stages measured
     within 1%, and walking M-minor, cluster_m=2 or grid_group=16 slower:
-    research/probes/pallas-2026-11-23c/probe_pingpong.log), 128x128x64 in 4
+    the ping-pong probe at 0834948, H200), 128x128x64 in 4
     otherwise; skinny problems (M <= 128) get 64-wide N tiles with 128-deep K steps,
     which keeps more SMs busy (128x8192x8192: pipelined 1.09x XLA vs 0.88x
     with the large-problem tiles; warp_specialized 1.08x vs 0.98x with
@@ -208,7 +208,7 @@ class PallasMatmul(registry.Backend):
     # from the GPU tier of 2026-11-22, where 16-wide N and 32-deep K tiles failed
     # Mosaic GPU's layout inference; the cause was each operand taking its own
     # swizzle, fixed by `common.operand_swizzle`, and such tiles now compile:
-    # research/probes/pallas-2026-11-24/README.md.)
+    # the 256x192-tile and swizzle probe at 0834948, H200.)
     span = 128 // np.dtype(problem.dtype).itemsize
     tile_n = pow2_at_least(n, span, tile_n)
     tile_k = pow2_at_least(problem.k, span, tile_k)
@@ -228,8 +228,8 @@ class PallasMatmul(registry.Backend):
 
     Which walk keeps more of A and B in L2 depends on the shape (the snake
     runs along N by default), and which split pays too (H200: splitting only
-    the last round won on 8192^3, two rounds on 8192x4096x28672:
-    research/probes/pallas-2026-11-23f/probe_tail.log); the autotuner
+    the last round won on 8192^3, two rounds on 8192x4096x28672: the stream-K tail probe at 0834948,
+    H200); the autotuner
     measures them.
     """
     out = [(v, self.default_config(problem, v))

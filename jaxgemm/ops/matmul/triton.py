@@ -100,14 +100,14 @@ _DTYPES = tuple(map(np.dtype, ("float16", "bfloat16", "float32")))
 # Tensor-core tiles, largest first: (block_m, block_n, block_k of 16-bit
 # operands, num_warps, num_stages). 128x256x64 is the tile that ran 750 TFLOP/s
 # natively (GPU_NOTES.md) and the 8192^3 TF32 product at 383 (128x128: 309;
-# research/probes/h200-triton-ladder-2026-11-22-run2); the smaller ones trade
+# research/triton_probe.py's run 2 at 0834948, H200); the smaller ones trade
 # per-tile efficiency for more tiles on the SMs.
 _TENSOR_CORE_TILES = ((128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4),
                       (64, 64, 64, 4, 4))
 # Where `TritonMatmul.structural_win` applies: the Hopper device kinds the
 # rules were measured on, the K of a one-step GEMM, and the least output (M x N)
 # where one K step won. In the H200 run with no table
-# (bench/results/h200-random-2026-11-25/results.csv, backend "auto") the rule
+# (the random suite at eda866f, backend "auto") the rule
 # fired on 17 problems: the 9 of >= 192512 outputs all won (r37 6016x64x32
 # fp16 1.85x, r17, r36 1.6x, r07 1.46x, r06, r13, r18, r46, holdout r09
 # 1.06-1.10x); below that 4 won (r04 64x64x128 1.94x, r24 1.35x, r42 1.11x,
@@ -122,7 +122,7 @@ SHORT_K_WIN, SHORT_K_WIN_MIN_OUTPUT = 64, 170_000
 # K steps, after which a tile only stores. With four waves of small tiles for
 # such K, 761x7x1959 bf16 ran 1.57x XLA and 1327x7x853 fp16 1.62x; at K = 192
 # (896x192x4416 fp16) the small tiles lost, 0.76x against 0.88x at 128x128
-# (research/probes/heuristic-2026-11-25/random-v2.csv, random-v3.csv).
+# (the no-record heuristic probe at eda866f, H200: heuristics v2 and v3).
 SHORT_K = 64
 # The least K a split-K slice gets (see `TritonMatmul._split_k_for`).
 MIN_SPLIT_K = 512
@@ -211,7 +211,7 @@ class TritonMatmul(registry.Backend):
     """The rung for `problem` with no tuning record.
 
     Measured on the `random` suite, H200, against XLA's dot in the same run
-    (research/probes/heuristic-2026-11-25/README.md has the table).
+    (the no-record heuristic probe at eda866f; its README has the table).
     """
     if problem.fp32_precision == "ieee":
       return "pipelined"
@@ -221,7 +221,7 @@ class TritonMatmul(registry.Backend):
     # A persistent grid pays for itself by overlapping a tile's epilogue with
     # the next tile's loads: it needs a next tile, a K loop long enough to
     # overlap with, and 16-bit operands (8192^3 TF32: tensorcore 383 TFLOP/s,
-    # persistent 277, research/probes/h200-triton-ladder-2026-11-22-run2).
+    # persistent 277, research/triton_probe.py's run 2 at 0834948, H200).
     # With short K it lost: 761x7x1959 bf16 0.73x XLA persistent, 0.98x not.
     if (problem.fp32_precision is None and problem.k > SHORT_K and tile["block_m"] >= 128
         and tile_count(problem, tile["block_m"], tile["block_n"]) > self.num_sms):
@@ -257,7 +257,7 @@ class TritonMatmul(registry.Backend):
       GEMM launch or more, ours writes C at once. (Below that output size
       both take a microsecond or two, and ours lost as often as it won.)
 
-    Measured on the `random` suite (research/probes/heuristic-2026-11-25/README.md).
+    Measured on the `random` suite (the no-record heuristic probe at eda866f, H200).
     """
     if not any(kind in device_kind for kind in MEASURED_DEVICE_KINDS):
       return None
@@ -298,7 +298,7 @@ class TritonMatmul(registry.Backend):
     elif variant == "pipelined":
       # Exact fp32 on the H200, 8192^3: 46.1 TFLOP/s with these tiles, 45.5 at
       # 128x64x32 (2 stages), 42.7 at 128x128x32 with 8 warps; nine configs in
-      # research/probes/h200-triton-ladder-2026-11-22-run{2,3}.
+      # research/triton_probe.py's runs 2 and 3 at 0834948, H200.
       tiles = dict(block_m=64, block_n=128, block_k=32, num_warps=4, num_stages=3, group_m=8)
     else:
       tiles = self._tensor_core_tile(problem)

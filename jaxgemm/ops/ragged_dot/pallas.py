@@ -128,7 +128,7 @@ class PallasRaggedDot(registry.Backend):
   def default_variant(self, problem: RaggedDotProblem) -> str:
     """`grouped` (two consumer warpgroups) where rows are many, `pipelined` for decode.
 
-    H200, bench/results/h200-moe-2026-11-25 (bf16, TFLOP/s, pipelined / grouped):
+    H200, the moe suite at ca37e37 (bf16, TFLOP/s, pipelined / grouped):
     G=8 M=16384 678 / 707, G=64 M=16384 390 / 451, G=128 M=8192 202 / 239,
     but G=8 M=128 (decode) 63.4 / 40.9; the weight gradient 745 / 746.
     """
@@ -142,7 +142,7 @@ class PallasRaggedDot(registry.Backend):
     XLA's ragged_dot_general ran it at 91.5 and 8.9 TFLOP/s, this backend at
     746 and 361 (8.2x, 40.6x), and Triton's at 660 and 319: so `auto` takes this
     backend for ragged-K and Triton's for ragged-M, where Triton led
-    (bench/results/h200-moe-2026-11-25, H200).
+    (the moe suite at ca37e37, H200).
     """
     if not any(kind in device_kind for kind in ("H100", "H200")):
       return None

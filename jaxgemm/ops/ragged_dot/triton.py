@@ -29,7 +29,7 @@ _OUT_DTYPES = _DTYPES
 # Tensor-core tiles, largest first: (block_m, block_n, block_k of 16-bit
 # operands, num_warps, num_stages). 128x256x64 in 3 stages is the matmul's
 # 750 TFLOP/s tile (../../shared/GPU_NOTES.md). On the H100 (bf16, Dirichlet(2)
-# group sizes, research/ragged_dot/h100-triton-2026-11-25.log) it was the best
+# group sizes, research/ragged_dot/triton_gpu.py at ead8d4f) it was the best
 # of these on every problem timed: G=8 M=16384 K=4096 N=14336 forward 700
 # TFLOP/s (128x128: 549), G=64 M=16384 K=2048 N=1408 339 (128x128: 313, the
 # 64-row tiles 280-282), the G=8 weight gradient 654 (128x128: 567). That run
@@ -105,7 +105,7 @@ class TritonRaggedDot(registry.Backend):
 
     16-bit ragged-M problems (forward and dgrad) of at least
     STRUCTURAL_WIN_MIN_FLOPS: XLA runs them as per-group cuBLAS calls and
-    fusions. H200 (bench/results/h200-moe-2026-11-25): forwards 747 and 441
+    fusions. H200 (the moe suite at ca37e37): forwards 747 and 441
     TFLOP/s against XLA's 98 and 11, dgrads 755 and 447 against 93 and 12.
     Below the bound (the decode shape, 15 GFLOP) both read 1.00x. The weight
     gradient (ragged-K) ran faster on Pallas, which claims it.

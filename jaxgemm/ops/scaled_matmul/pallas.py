@@ -35,11 +35,11 @@ them from SMEM while the step's wgmma runs, and at 128x128 K steps in pairs
 whose second wgmma is issued before the first is promoted
 (`scaled.OVERLAP_PROMOTION`). On the H200 it ran 1047 and 1040 TFLOP/s at
 8192^3 and 8192x4096x14336 where `warp_specialized` ran 667 and 735
-(research/probes/fp8-step-2026-11-26/run2, probe.py). Its ring slots carry
+(the FP8 step probe's run2 at b5b0db4, H200, probe.py). Its ring slots carry
 640 bytes more at 128x128 (in two buffers aligned to 1 KiB): 5 stages with a
 bf16 epilogue instead of 6. It takes 128x192 tiles too (`default_config`):
 1322 / 1306 / 1115 TFLOP/s at 8192^3 / 8192x4096x14336 / 4096^3 on an H100,
-B stored (N, K) (research/probes/fp8-block-wide/run6).
+B stored (N, K) (the fp8-block-wide probe's run6 at 2aaf16b).
 
 `backend="auto"` takes this kernel with no tuning record where it was measured
 to win (`structural_win`); elsewhere XLA's program.
@@ -76,16 +76,19 @@ _SMEM_ALIGNMENT = 1024  # Mosaic GPU's alignment of each shared memory buffer
 # promoted sum), (tile_m / 2) x tile_n each: at most 192 registers per thread (128x192).
 _MAX_ACC_ELEMENTS = 2 * 64 * 192
 # A 128x192 tile's time over a 128x128 tile's: 1.5x the work at 1.12x the rate per tensor
-# (H100, B stored (N, K), 8192^3 and 8192x4096x14336: research/probes/fp8-clusters/run1) and
-# 1.15x with block scales (1.163x and 1.149x, no clusters: fp8-block-wide/run1).
+# (H100, B stored (N, K), 8192^3 and 8192x4096x14336: the fp8-clusters probe's run1 at ac46a30) and
+# 1.15x with block scales (1.163x and 1.149x, no clusters:
+# the fp8-block-wide probe's run1 at d1fefc7).
 _WIDE_TILE_COST = {"tensor": 1.5 / 1.12, "row_col": 1.5 / 1.12, "block": 1.5 / 1.15}
 _HOPPER_SMS = 132   # H100 SXM and H200: the persistent grid's workers
 # Block scales on 128x128 tiles take 2-CTA clusters along N from this many tiles: 1.04-1.06x at
-# 8192^3 and 8192x4096x14336 (4096 and 7168 tiles), 0.98x at 4096^3 (1024) (fp8-clusters/run1).
+# 8192^3 and 8192x4096x14336 (4096 and 7168 tiles), 0.98x at 4096^3 (1024)
+# (the fp8-clusters probe's run1 at ac46a30).
 _CLUSTER_MIN_TILES = 2048
 # On 128x192 tiles they take clusters along M (B's 24 KiB tile multicast): 1.06x, 1.06x and
 # 1.03x over none at 8192^3, 8192x4096x14336 and 4096^3 (2752, 4800 and 704 tiles), ahead of
-# clusters along N (1.01x, 1.05x, 1.03x) (fp8-block-wide/run1). Fewer tiles: not measured.
+# clusters along N (1.01x, 1.05x, 1.03x)
+# (the fp8-block-wide probe's run1 at d1fefc7). Fewer tiles: not measured.
 _WIDE_CLUSTER_MIN_TILES = 512
 _MAX_STAGES = 8        # PallasConfig.max_concurrent_steps' range
 _EPI_TILE_M = 64
@@ -127,7 +130,7 @@ def k_major_operands(problem: ScaledMatmulProblem, a, b, platform: str = "cpu"):
 def _transposed(x, dtype, platform: str):
   """x (batch, R, C) as (batch, C, R). On the GPU, an fp8 array the kernel reads as it
   is goes through `kernels.triton.scaled_matmul.transpose` (1.3-1.5x XLA's transpose on
-  an H200, research/probes/fp8-inplace-f16/run1) where Triton and jax-triton are
+  an H200, the fp8-inplace-f16 probe's run1 at 01180b5) where Triton and jax-triton are
   installed; a mixed pair's cast stays fused with XLA's transpose (one pass)."""
   if (platform == "cuda" and np.dtype(x.dtype) == dtype and dtype.itemsize == 1
       and _triton_runs_on_gpu()):
@@ -192,7 +195,7 @@ def _block_clusters(problem: ScaledMatmulProblem, config: PallasConfig) -> Palla
   """`config` with block scales' measured 2-CTA clusters for its tile width (along N for
   128-wide tiles from `_CLUSTER_MIN_TILES` tiles, along M for 192-wide ones from
   `_WIDE_CLUSTER_MIN_TILES`); other scales run without (per tensor they measured
-  0.94-1.01x, fp8-clusters/run1)."""
+  0.94-1.01x, the fp8-clusters probe's run1 at ac46a30)."""
   if problem.scale_kind != "block":
     return config
   tiles = (problem.batch * math.ceil(problem.m / config.tile_m)
@@ -314,11 +317,11 @@ class PallasScaledMatmul(registry.Backend):
     132) rounds, a 128x192 tile costing 1.34x a 128x128 one per tensor and 1.30x
     with block scales (measured: `_WIDE_TILE_COST`). Per tensor that picks 128x192
     at 8192^3 (1431 against 1278 TFLOP/s on an H100, B stored (N, K)) and 128x128
-    at 4096^3 (1238 against 1227), research/probes/fp8-clusters/run1. Block scales
+    at 4096^3 (1238 against 1227), the fp8-clusters probe's run1 at ac46a30. Block scales
     (the TMA-scales variant; the GMEM one keeps 128) take it at all three issue
     shapes, with 2-CTA clusters along M (`_block_clusters`): 1275 / 1265 / 1087
     TFLOP/s at 8192^3 / 8192x4096x14336 / 4096^3 against 1035-1043 / 1041 / 1028
-    on 128x128 without clusters (research/probes/fp8-block-wide/run1, H100; 1322 /
+    on 128x128 without clusters (the fp8-block-wide probe's run1 at d1fefc7, H100; 1322 /
     1306 / 1115 once the scales were read under the wgmma, run6).
 
     A consumer's two fp32 arrays cap the tile at 24576 elements; 128x192 loads
@@ -329,7 +332,7 @@ class PallasScaledMatmul(registry.Backend):
     KiB a stage, 3 stages. On the H100 the fp8 default ran 1210 TFLOP/s at 8192^3
     (docs/results-fp8.md); the M-minor walk was not faster (1226 vs 1223 per tensor, 629
     vs 728 with block scales at 8192x4096x14336), the 256x64 tile not measured
-    (research/probes/fp8-2026-11-25/probe-h100-run2.log).
+    (the FP8 kernel probe's run 2 at eeb0d94, H100).
     """
     skinny = problem.m <= 128
     tile_m = 128

@@ -136,18 +136,18 @@ def kernel_win(problem: ScaledMatmulProblem, device_kind: str) -> tuple[str, str
   """(backend, why) of the kernel `backend="auto"` runs for `problem` untuned, or None.
 
   Measured on the H100, e4m3 -> bf16, heuristic configs, CUPTI with XLA's scaled
-  form in the same run (bench/results/h100-fp8-2026-11-25/, `make gpu-bench
-  BENCH_ARGS="--suite fp8 --default-only"`; research/probes/fp8-2026-11-25/):
+  form in the same run (the fp8 suite at 285493c, H100: `make gpu-bench
+  BENCH_ARGS="--suite fp8 --default-only"`; the FP8 kernel probe at eeb0d94):
 
   * from 4096 rows and 4096 columns, Pallas: per-tensor scales 1.45x, 1.59x and
     2.01x XLA at 8192^3, 8192x4096x14336 and 4096^3 (Triton 1.16-1.58x); block
     scales 14.3x at 8192^3 (XLA has no block-scaled GEMM: `xla.scaled_product`
     runs one GEMM per 128 of K; Triton 13.8x). On the H200 (2026-11-26,
-    bench/results/h200-fp8-2026-11-26b/) Pallas per tensor 1.35-1.81x, block
+    the fp8 suite at 234bc9c) Pallas per tensor 1.35-1.81x, block
     scales through its TMA-scales variant 15.9-17.6x (Triton 10.2-12.2x), the
     block-scaled dgrad and wgrad 17.4x and 15.5x;
   * below, Triton: 1.02x at 128x4096x14336 per tensor then (Pallas 0.95x), 2.18-2.21x
-    since it swaps the operands there (bench/results/h100-fp8-2026-11-27/, H100s;
+    since it swaps the operands there (the fp8 suite at 665c6f9 to 9f5a332, H100s;
     `TritonScaledMatmul._swaps`); and, for
     the fp32 accumulation the op promises, the `xla` backend runs HIGHEST, which at
     128 rows is 0.15x of XLA's default-precision form, so the kernel keeps both
@@ -156,8 +156,8 @@ def kernel_win(problem: ScaledMatmulProblem, device_kind: str) -> tuple[str, str
     and wgrad), none: on the H200 XLA's scaled form ran the layer's dgrad
     (8192x14336x4096, NT) at 1425 TFLOP/s and wgrad (4096x8192x14336, TN) at 1172,
     where Triton ran 0.70x and 0.78x of it, Pallas (which casts to float16) 0.46x and
-    0.50x, and the `xla` backend (HIGHEST) 0.95x and 0.93x (research/probes/
-    h200x4-2026-11-26/, run2.sh: the fp8 suite on one GPU of an nvidia-h200-x2);
+    0.50x, and the `xla` backend (HIGHEST) 0.95x and 0.93x (the fp8 suite at 6b50250, on one GPU of
+    an nvidia-h200-x2);
   * a mixed pair with block scales, Triton (its PTX has the mixed fp8 wgmma; XLA's
     block-scaled form is one GEMM per 128 of K, 10-16x slower in the same-dtype
     timings). Inferred, not timed.

@@ -192,7 +192,7 @@ def quantize_pair(x, dtype, block, block_t, *, scale_dtype=jnp.float32, backend=
   tensor). The values are the same bit for bit on the CPU and with power-of-two
   scales; on the GPU, XLA's float32 division is not correctly rounded, so its q
   can be one fp8 step from the kernel's (103 of 2.1M values with float32 block
-  scales, research/probes/fp8-fused-quant/run9 `diff_probe.py`), the kernel's
+  scales, the fp8-fused-quant probe's run9 at 21b052b, H100, `diff_probe.py`), the kernel's
   being the correctly rounded one.
 
   Args:
@@ -231,7 +231,7 @@ def _pair_xla(x, dtype, block, block_t, scale_dtype):
     return q, scale, q.T, scale
   # x's own blocks, then an fp8 transpose: quantizing x.T made XLA transpose the bf16
   # x first, 10.2 ms of the block recipe's step against 2.6 ms for the Triton kernel
-  # (H100, research/probes/fp8-fused-quant/run8a).
+  # (H100, the fp8-fused-quant probe's run8a at 0b0b344).
   q_t, scale_t = quantize(x, dtype, block_t[::-1], scale_dtype=scale_dtype)
   return q, scale, q_t.T, scale_t.T
 
@@ -252,8 +252,8 @@ def _pair_triton(x, dtype, block, block_t, scale_dtype):
   @fused.def_vmap
   def _vmapped(axis_size, in_batched, x):   # the kernel's primitive has no batching rule
     # One kernel call per entry, so each entry is quantized as it would be alone: XLA's
-    # quantize can be an fp8 step off the kernel on the GPU (float32 scales; run9's
-    # diff_probe).
+    # quantize can be an fp8 step off the kernel on the GPU (float32 scales; the fp8-fused-quant
+    # probe's run9 at 21b052b, diff_probe.py).
     del axis_size, in_batched
     return lax.map(fused, x), (True,) * 4
 

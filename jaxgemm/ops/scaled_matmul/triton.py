@@ -56,20 +56,20 @@ from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem, kernel_win
 # blocks, 128-wide N) and the matmul's smaller tiles for more programs per wave. On
 # the H100 the first tile won the probe's sweep at 8192-class shapes (964 TFLOP/s at
 # 8192^3 per tensor; 128x256 and 256x128 0.60-0.70x of it, 4 warps 0.37x, block_k 64
-# 0.83x; research/probes/fp8-2026-11-25/probe-h100-run1.log).
+# 0.83x; the FP8 kernel probe's run 1 at eeb0d94).
 _TILES = ((128, 128, 128, 8, 4), (64, 128, 128, 4, 4), (64, 64, 128, 4, 4))
 # Up to this many rows the default reads a B stored (K, N) in place, multiplying in
 # float16 (`scaled.dot_f16`), rather than transposing it first for FP8 wgmma: there the
 # weight's bytes bound the GEMM, and the transpose pass costs about what the GEMM does.
 # At 128x4096x14336 per tensor on an H200: 49.7 us against 62.9 with the transpose (XLA's
 # scaled form 71.2); at 256 rows the transpose already won, 80.7 against 92.6 us
-# (research/probes/fp8-inplace-f16/run1). Its tile, the best of run1's 48 at 128 rows:
+# (the fp8-inplace-f16 probe's run1 at 01180b5). Its tile, the best of run1's 48 at 128 rows:
 # 128x64x128, 4 warps, 3 stages (128x128x128 on 8 warps 49.9 us, 64-row tiles >= 56 us).
 IN_PLACE_MAX_ROWS = 128
 _IN_PLACE_TILE = (128, 64, 128, 4, 3)
 # Swapped (`swap_ab`: block_m still tiles C's rows), the weight is read once with FP8
 # math, which pays further: up to 256 rows, where 256x4096x14336 ran 66.5 us against
-# 81.1 for the transposing default (research/probes/fp8-swap/run2, an H100). Not below
+# 81.1 for the transposing default (the fp8-swap probe's run2 at 665c6f9, an H100). Not below
 # a megabyte of operands, where the f16 tile above ran 5.2 us at 32x1024x768 and the
 # swapped one 7.2 (six programs).
 SWAP_MAX_ROWS = 256

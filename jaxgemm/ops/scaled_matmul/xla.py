@@ -17,7 +17,7 @@ precision HIGHEST unless the call names one: at XLA's default, its cuBLASLt FP8
 GEMM accumulates in the tensor cores' reduced precision (fast accumulation), off
 the exact dequantized product by 2.6e-3 at 8192^3 where HIGHEST and the
 kernels are 1.7e-3, i.e. the bf16 output's rounding alone, for 6% more time
-(H100, research/probes/fp8-2026-11-25/probe-h100-run2.log). The one rounding is
+(H100, the FP8 kernel probe's run 2 at eeb0d94). The one rounding is
 to out_dtype at the end.
 """
 
@@ -53,7 +53,7 @@ def scaled_product(problem: ScaledMatmulProblem, a, b, a_scale, b_scale, platfor
       # cuBLASLt rounds its fp32 sum to bf16 once, and a power of two times a bf16
       # value is exact (bf16 spans fp32's exponents): the same result as the fp32 form
       # below, without its fp32 write and convert pass (the FP8 step: 30.7 -> 28.8 ms
-      # on an H100, research/probes/fp8-step-2026-11-26/run7). XLA:CPU is not
+      # on an H100, the FP8 step probe's run7 at ec8d3b6). XLA:CPU is not
       # known to accumulate a bf16 dot in fp32, so it keeps the fp32 form.
       return dot(a, b, BF16) * scale.astype(BF16)
     return (dot(a, b) * scale).astype(problem.out_dtype)

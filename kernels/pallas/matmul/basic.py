@@ -8,8 +8,8 @@ casts the accumulator, stages it in SMEM and TMA-stores it. Ragged edges are
 TMA's: out-of-bounds loads read zeros, out-of-bounds stores are dropped.
 
 Measured (H200, jax 0.11.2, default configs, CUPTI median of 20, bf16,
-`research/pallas_probe.py all` run 3 (its log is
-research/probes/h200-pallas-ladder-2026-11-22-probe3.log); XLA's dot in
+`research/pallas_probe.py all` run 3, its log at
+0834948; XLA's dot in
 the same process): 8192^3 608.9 TFLOP/s (0.75x XLA), 4096^3 578.2 (0.72x),
 4095x4097x4093 372.8 (2.36x), 8192x4096x14336 592.9 (0.73x), 8192x14336x4096
 590.8 (0.72x), A^T B 4096^3 579.7 (0.73x), A B^T 4096^3 566.3 (0.71x),

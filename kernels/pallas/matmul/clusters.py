@@ -16,8 +16,8 @@ The kernel body is rung 3's (`warp_specialized.persistent_kernel`), which
 takes the cluster shape; this module picks it and launches the clusters.
 
 Measured (H200, jax 0.11.2, default configs, cluster_n=2, CUPTI median of 20,
-bf16, `research/pallas_probe.py all` run 3 (its log is
-research/probes/h200-pallas-ladder-2026-11-22-probe3.log); XLA's dot in
+bf16, `research/pallas_probe.py all` run 3, its log at
+0834948; XLA's dot in
 the same process): 8192^3 800.7 TFLOP/s (0.99x XLA), 4096^3 791.3 (0.98x),
 4095x4097x4093 458.5 (2.90x), 8192x4096x14336 786.5 (0.97x), 8192x14336x4096
 810.7 (0.99x), A^T B 4096^3 791.3 (1.00x), A B^T 4096^3 791.0 (0.99x),

@@ -9,7 +9,7 @@ tile order, so consumer 1's first blocks land only as consumer 0 finishes its
 main loop: the two take turns on the tensor cores, and one's epilogue runs
 under the other's main loop. This is the schedule cuBLAS picks for
 8192x4096x14336 (`nvjet_sm90_tst_128x160_64x5_2x1`, no `coop`;
-research/probes/pallas-2026-11-23b/probe_cublas.log).
+the cuBLAS-kernels and TMA-ring probe at 0834948, H200).
 
 The price: a consumer's accumulator must hold the whole tile, so at 128
 registers of f32 per thread the tile is 128x128 where the cooperative rungs
@@ -25,7 +25,7 @@ The kernel body is rung 3's (`warp_specialized.persistent_kernel`, with
 
 Measured (H200, jax 0.11.2, default config: 128x128x64 tiles, 6 stages,
 cluster_n=2; CUPTI median of 20, bf16, XLA's dot and the cooperative rungs in
-the same process: research/probes/pallas-2026-11-23c/probe_pingpong.log):
+the same process: the ping-pong probe at 0834948):
 slower than the cooperative 256x128 rungs on every aligned shape tried:
 8192^3 746.8 TFLOP/s against 807.4 for `clusters`, 8192x4096x14336 768.4
 against 804.8 for `stream_k`, 4096^3 759.3 against 797.5, the backward GEMMs
@@ -33,7 +33,7 @@ of a 4096^3 layer 760.4 and 759.8 against 799.1 and 795.7. Faster on the
 unaligned 4095x4097x4093: 230.5 against 234.7 us (3.78x XLA against 3.71x).
 Walking the tiles M-minor, clusters along M and bands of 16 tiles were slower
 still. cuBLAS runs 128x128 ping-pong at 818.7 TFLOP/s on A^T B 4096^3
-(the probe_cublas.log cited above), so the smaller tile does not explain all of the
+(the cuBLAS-kernels probe cited above), so the smaller tile does not explain all of the
 gap; the autotuner picks this rung only where it measures faster.
 """
 

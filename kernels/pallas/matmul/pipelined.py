@@ -9,8 +9,8 @@ one output tile per CTA (grid B x M/tm x N/tn), one warpgroup, the same
 SMEM-staged TMA-store epilogue (which does not overlap the main loop yet).
 
 Measured (H200, jax 0.11.2, default configs, CUPTI median of 20, bf16,
-`research/pallas_probe.py all` run 3 (its log is
-research/probes/h200-pallas-ladder-2026-11-22-probe3.log); XLA's dot in
+`research/pallas_probe.py all` run 3, its log at
+0834948; XLA's dot in
 the same process): 8192^3 653.0 TFLOP/s (0.81x XLA), 4096^3 686.3 (0.85x),
 4095x4097x4093 416.8 (2.64x), 8192x4096x14336 542.6 (0.67x), 8192x14336x4096
 686.9 (0.84x), A^T B 4096^3 686.5 (0.87x), A B^T 4096^3 654.3 (0.82x),

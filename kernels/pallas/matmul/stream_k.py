@@ -13,7 +13,7 @@ an f32 workspace in global memory and semaphores
 deterministic.
 
 Measured (H200, jax 0.11.2, CUPTI, bf16, kernel time against `clusters` in the
-same process; research/probes/pallas-2026-11-23f/probe_tail.log, two reps):
+same process; the stream-K tail probe at 0834948, two reps):
 splitting the last round, 8192^3 ran 1.9% and 4.0% faster than `clusters`
 (1357 and 1362 us; XLA's dot 1380-1390 us there, 1.02x and 1.01x), and
 8192x4096x14336 1220 and 1223 us (two rounds: 1246 and 1207). Split tiles run

@@ -15,7 +15,7 @@ What it adds over `pipelined`:
   pipelines, which this replaced, drain the producer at every tile: the ring
   took 4095x4097x4093 from 248.6 to 235.3 us (3.50x to 3.69x XLA) and the
   aligned shapes 0-0.5% further (H200, jax 0.11.2, CUPTI median of 20, XLA's
-  dot in the same process: research/probes/pallas-2026-11-23b/probe_ring.log).
+  dot in the same process: the cuBLAS-kernels and TMA-ring probe at 0834948).
 * Persistence: a grid of one CTA per SM, each looping over its share of the
   tiles of every batch, so launch cost and the SMEM setup are paid once and the next tile's
   loads start while the last one's epilogue runs.
@@ -30,7 +30,7 @@ What it adds over `pipelined`:
   4095x4097x4093 that took the problem from 301.1 us (2.88x XLA: the kernel
   plus an 80 us unvectorized slice) to 245.6 us (3.54x), and 8191x8193x8191
   from 3.65x to 4.15x (H200, jax 0.11.2, CUPTI median of 20, XLA's dot in the
-  same process: research/probes/pallas-2026-11-23/probe_exact.log).
+  same process: the Pallas exact-store and stream-K probe at 0834948).
 
 The kernel body also takes a cluster shape, which rung 4 (`clusters`) uses,
 a `StreamK` split of the last tiles, which rung 5 (`stream_k`) uses, and the
@@ -38,8 +38,8 @@ ping-pong schedule (consumers on alternate whole tiles), which rung 6
 (`pingpong`) uses; here they are 1x1, none and off.
 
 Measured before the exact stores (H200, jax 0.11.2, default configs, CUPTI
-median of 20, bf16, `research/pallas_probe.py all` run 3:
-research/probes/h200-pallas-ladder-2026-11-22-probe3.log; XLA's dot in
+median of 20, bf16, `research/pallas_probe.py all` run 3, its log at
+0834948; XLA's dot in
 the same process): 8192^3 797.0 TFLOP/s (0.98x XLA), 4096^3 786.0 (0.98x),
 4095x4097x4093 456.8 (2.89x), 8192x4096x14336 777.3 (0.95x), 8192x14336x4096
 807.5 (0.99x), A^T B 4096^3 789.5 (1.00x), A B^T 4096^3 774.7 (0.97x),
@@ -101,15 +101,15 @@ class StreamK:
 # per worker; below this share of a round saved it is not worth it.
 MIN_STREAM_K_SAVING = 0.1
 # ...nor on short tiles: with 16 K steps (8192x1024x8192) both splits ran 2-3%
-# slower than `clusters` (research/probes/pallas-2026-11-23f/probe_tail.log).
+# slower than `clusters` (the stream-K tail probe at 0834948, H200).
 MIN_STREAM_K_STEPS = 64
 # The split tiles run slower than whole ones: workers at different K offsets
 # stop sharing operand tiles in L2. On the H200 the split paid only where its
 # tiles were a small share of the run and lost where they were not. Over two
-# rounds (research/probes/pallas-2026-11-23/probe_stream_k.log and
-# probe_chain.log): 8192x4096x14336, 76 of 1792 tiles, 1.5% faster than
+# rounds (the Pallas exact-store and stream-K probe at 0834948,
+# H200): 8192x4096x14336, 76 of 1792 tiles, 1.5% faster than
 # `clusters`; 8192^3, 100 of 1024, even; 8192x14336x4096, 116 of 512, 8% slower;
-# 4096^3, 124 of 256, 6% slower. The last round only (probe_tail.log, two reps
+# 4096^3, 124 of 256, 6% slower. The last round only (the stream-K tail probe, two reps
 # each, in kernel time against `clusters`'): 8192^3, 34 of 1024, 1.9% and 4.0%
 # faster; 8192x14336x4096, 50 of 512, 2.3% faster and 0.9% slower; 6144^3, 48 of
 # 576, 0.4% slower.
@@ -198,7 +198,7 @@ def persistent_kernel(a_gmem, b_gmem, *refs, dims: common.Dims, tm: int,
     # second CTA has no tile. It recomputes its partner's tile and stores
     # nothing: on the H200, a CTA whose B box lay wholly past the array
     # (trans_b, N <= tile_n) corrupted its partner's result (relative error
-    # ~1 on 33x40x24; research/probes/pallas-2026-11-22-s3/probe_b.log).
+    # ~1 on 33x40x24; the Pallas padding and slice probe at 0834948, H200).
     owns_tile = (mi < m_tiles) & (ni < n_tiles)
     return bi, jnp.minimum(mi, m_tiles - 1), jnp.minimum(ni, n_tiles - 1), owns_tile
 
@@ -345,7 +345,7 @@ def persistent_kernel(a_gmem, b_gmem, *refs, dims: common.Dims, tm: int,
         cols)` adds another worker's sums."""
         # Computed here, where the plain kernel always had it: the shipped table's
         # records were restamped on the plain kernels' IR being unchanged by the
-        # epilogue (research/probes/restamp-2026-11-25).
+        # epilogue (the restamp probe at cf035a7).
         row0 = m_start + row_part * consumer_rows
         accs = acc if isinstance(acc, tuple) else (acc,)
         piece = 0

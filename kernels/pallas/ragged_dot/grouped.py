@@ -27,7 +27,7 @@ padded or copied and no other group's rows are touched.
   partial tile instead of one per boundary (`schedule.row_tiles` with align 8).
 
 Measured (H100, jax 0.11.2, CUPTI median of 10, bf16, Dirichlet(2) group
-sizes, research/ragged_dot/pallas_probe.log): `pipelined` 128x128x64 in 4
+sizes, research/ragged_dot/pallas_probe.py at a0ac978): `pipelined` 128x128x64 in 4
 stages, G=8 M=16384 K=4096 N=14336: 596 TFLOP/s (lax.ragged_dot 100, jax's
 ragged_dot_mgpu best of 3 configs 673); G=64 M=16384 K=2048 N=1408: 319
 (lax.ragged_dot 11, ragged_dot_mgpu 347). `grouped` did not compile in that

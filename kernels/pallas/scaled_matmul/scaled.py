@@ -33,7 +33,7 @@ What differs, and why this is its own kernel rather than a switch on
   step's wgmma accumulator and the promoted sum): tile_m * tile_n <= 24576
   (128x192, 128x128, 256x64, 128x64): 192 of the 232 registers a consumer
   gets at 128x192, which loads 17% fewer bytes a flop than 128x128 and ran
-  1.12x its rate per tensor (research/probes/fp8-clusters/run1).
+  1.12x its rate per tensor (the fp8-clusters probe's run1 at ac46a30, H100).
 * Scales. The kernel takes a_scale as (batch, Ks, M) and b_scale as (batch,
   Ks, N) in fp32 (the wrapper lays them out): with block scales Ks = ceil(K /
   128), a_scale transposed so a K block's column of row scales is contiguous
@@ -51,18 +51,18 @@ What differs, and why this is its own kernel rather than a switch on
   its helpers (`common`, `warp_specialized.store_exact`).
 
 Measured on the H200 (docs/performance-notes.md, "FP8 GEMMs";
-research/probes/fp8-step-2026-11-26/run2): 1251 TFLOP/s per tensor at 8192^3
+the FP8 step probe's run2 at b5b0db4): 1251 TFLOP/s per tensor at 8192^3
 (63% of the FP8 peak; 1322 with B stored (N, K)); with block scales read from
 GMEM in the K loop 667, and with `tma_scales` 1047 (1105 with B stored (N, K)),
 the pallas backend's default for block scales. Tried and slower per tensor
 (same run): two K steps per promotion (1222, and 1155 at four, whose error
 grew), and pairs of K steps in two accumulators with the second's wgmma issued
-before the first's promotion (1197). On an H100 (research/probes/fp8-clusters/run1,
+before the first's promotion (1197). On an H100 (the fp8-clusters probe's run1 at ac46a30,
 B stored (N, K)): 128x192 tiles 1431 / 1398 TFLOP/s at 8192^3 / 8192x4096x14336
 against 1278 / 1244 at 128x128 (4096^3: 1227 against 1238, the last round of
 tiles part idle); 2-CTA clusters per tensor 0.97-1.01x, with block scales
 1.04-1.06x at those two shapes and 0.98x at 4096^3. Block scales on 128x192
-tiles with clusters along M (research/probes/fp8-block-wide/run1): 1275 / 1265 /
+tiles with clusters along M (the fp8-block-wide probe's run1 at d1fefc7): 1275 / 1265 /
 1087 TFLOP/s at 8192^3 / 8192x4096x14336 / 4096^3, against 1035 / 1041 / 1028
 at 128x128 without clusters.
 
@@ -81,7 +81,7 @@ compile-time switch.
   step's wgmma runs, before releasing the slot: no GMEM load in the K loop, and
   one multiply per element (part * (a_s * b_s) broadcast along N) instead of
   the outer product's two. (Read after the wgmma instead, 128x192 ran 1.026-1.032x
-  slower: research/probes/fp8-block-wide/run6.)
+  slower: the fp8-block-wide probe's run6 at 2aaf16b.)
 * A 128x192 tile spans two column blocks, at a boundary 64 or 128 columns in
   (tiles start at multiples of 64). Its slot holds the tile's whole b_scale
   vector (192 floats) and the promoted sum is three (64, 64) arrays, each
@@ -120,15 +120,15 @@ from jaxgemm.kernels.pallas.matmul import warp_specialized as ws
 BLOCK = 128
 EPI_TILE_M = ws.EPI_TILE_M
 # Both fp32 arrays of a consumer warpgroup: at most 192 of its 232 registers a thread
-# (128x192 tiles, 1.12x the 128x128 tiles' rate per tensor with B stored (N, K):
-# research/probes/fp8-clusters/run1).
+# (128x192 tiles, 1.12x the 128x128 tiles' rate per tensor with B stored (N, K): the fp8-clusters
+# probe's run1 at ac46a30, H100).
 MAX_ACC_ELEMENTS = 2 * 64 * 192
 # With `tma_scales`, the floats of b_scale's column vector the producer copies
 # per K step for a tile inside one 128-column scale block (128 % tile_n == 0),
 # whose first value is the tile's: 128 bytes, because a TMA copy's SMEM
 # destination must be 128-byte aligned and the slots of a (stages, box) buffer
 # lie box * 4 bytes apart (a 16-byte box, TMA's smallest, faulted with
-# CUDA_ERROR_MISALIGNED_ADDRESS on the H200: research/probes/fp8-step-2026-11-26/run1).
+# CUDA_ERROR_MISALIGNED_ADDRESS on the H200: the FP8 step probe's run1 at b5b0db4).
 # A tile across blocks (128x192) copies its whole vector (`b_scale_box`).
 B_SCALE_BOX = 32
 # With `tma_scales`, whether K steps go in pairs with the second's wgmma issued
@@ -346,8 +346,8 @@ def scaled_kernel(a_gmem, b_gmem, a_scale_gmem, b_scale_gmem, c_gmem, *, dims: c
           def block_product(acc_ref):
             plgpu.wgmma(acc_ref, a_smem.at[slot, wg_rows, :], common.transposed(b_smem.at[slot]))
             # Issued under the wgmma; reading acc_ref waits for it.
-            # (TMA scales: 1.026-1.032x over reading them after it at 128x192,
-            # research/probes/fp8-block-wide/run6.)
+            # (TMA scales: 1.026-1.032x over reading them after it at 128x192, the fp8-block-wide
+            # probe's run6 at 2aaf16b.)
             scales = None
             if tma_scales:
               scales = smem_scales(a_scale_smem, b_scale_smem, slot)

@@ -34,7 +34,7 @@ def tensor_core_layout(matmul, problem: GemmProblem, config, platform: str,
   * TF32 wgmma reads both operands K-major from shared memory. Triton meets an
     N-major B by passing it through registers: the 8192^3 fp32 product ran at
     83 TFLOP/s against XLA's 410, and the PTX had half the cp.async of the
-    K-major case (research/probes/h200-triton-ladder-2026-11-22-run1). An
+    K-major case (research/triton_probe.py's run 1 at 0834948, H200). An
     fp32 operand that is not K-major is transposed first, one pass over it;
     then 383 TFLOP/s (run2).
   * Rows that do not start 16-byte aligned (K = 4097 in bf16, say) leave

@@ -50,8 +50,8 @@ from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPES, scale_shape
 
 # The scale block, and so the tile a program owns.
 TILE = 128
-# Warps a program, by modes (CUPTI, H100, 8192x4096, 8192x14336 and 14336x4096 bf16:
-# research/probes/fp8-block-wide/run4, quant_modes.py). x's ("row", "row") runs at
+# Warps a program, by modes (CUPTI, H100, 8192x4096, 8192x14336 and 14336x4096 bf16: the
+# fp8-block-wide probe's run4 at ac7bdd6, quant_modes.py). x's ("row", "row") runs at
 # 1.8-2.0 TB/s on 4 warps against 1.4 on 8; the other block modes run 1-17% faster on 8
 # (("row", "tile") 2.6-2.7 TB/s against 2.2-2.3, ("tile", "tile") 2.7-2.8 against
 # 2.5-2.7, q alone 2.7-2.9 against 2.6-2.8). The "tensor" modes keep 4 (not timed by warps).
@@ -96,7 +96,8 @@ def _block_scale(abs_bits, given_ptr, MODE: tl.constexpr, AXIS: tl.constexpr,
   """The scale(s) of the tile in MODE, shaped to broadcast over it: (1, 1) for
   "tensor" and "tile", the max over AXIS kept as a dim for "row"."""
   # One return: Triton 3.6 types every return of a function alike, even in pruned
-  # constexpr branches ("Inconsistent return types", run8a on its GPU).
+  # constexpr branches ("Inconsistent return types",
+  # the fp8-fused-quant probe's run8a at 0b0b344, H100).
   if MODE == "tensor":
     s = tl.load(given_ptr + tl.zeros((1, 1), tl.int32))
   elif MODE == "row":

@@ -119,7 +119,7 @@ def scaled_matmul_kernel(
         # copies the MN-major tile in with cp.async and feeds it to wgmma from
         # registers. Loaded and used as is, it went through a register transpose into
         # shared memory outside the pipeline: 110 against 32.7 us at 128x4096x14336
-        # swapped (research/probes/fp8-swap/run1, an H200).
+        # swapped (the fp8-swap probe's run1 at 665c6f9, an H200).
         a = a.to(tl.float16).to(a_ptr.dtype.element_ty)
       partial = tl.dot(a, b, partial)
       a_ptrs += BLOCK_K * A_STRIDE_K
@@ -193,9 +193,9 @@ def dot_f16(problem) -> bool:
   permutes), outside the cp.async pipeline (`laid_out`); f16 wgmma reads either major,
   and the sm_90 PTX keeps cp.async (48-64 of them, no prmt) at the price of f16's half
   rate. At 128 rows, where the (K, N) weight's bytes bound the GEMM, that took
-  128x4096x14336 from 112 us (fp8, weight in place; research/probes/fp8-block-wide/run8,
+  128x4096x14336 from 112 us (fp8, weight in place; the fp8-block-wide probe's run8 at bdf7945,
   an H100) to 49.7 on an H200, where transposing the weight first for fp8 ran 62.9
-  (research/probes/fp8-inplace-f16/run1). An A stored (K, M) can skip both: wgmma
+  (the fp8-inplace-f16 probe's run1 at 01180b5). An A stored (K, M) can skip both: wgmma
   takes its A from registers (`a_through_registers`).
   """
   return not problem.trans_b
@@ -217,7 +217,7 @@ def swapped(problem):
   Where one operand is a (K, N) weight and the other a few rows of activations, this
   reads the weight once with FP8 math in place: 128x4096x14336 per tensor in 32.5-32.8
   us on an H100, where the unswapped kernel's f16 math took 49.5-50.0 and XLA's scaled
-  form 70.5 (research/probes/fp8-swap/run2, run3; 32.3-33.6 us on an H200 in run1's
+  form 70.5 (the fp8-swap probe's run2 at 665c6f9, run3 at 196114e; 32.3-33.6 us on an H200 in run1's
   prototype). Block scales do not swap: A's are 1x128 and B's 128x128 blocks.
   """
   return dataclasses.replace(problem, m=problem.n, n=problem.m, dtype=problem.b_dtype,

@@ -6,7 +6,7 @@ the K-major kernels (`jaxgemm.ops.scaled_matmul.pallas.k_major_operands`,
 where this kernel (one 128x128 tile a program, moved through shared memory by
 `tl.trans`, 8 warps) ran 3.73-5.04 TB/s: 35.9 against 46.9 us at 8192x8192, 6.7
 against 10.1 at 4096x4096, 31.5 against 41.0 at 4096x14336, outputs bit-equal
-(research/probes/fp8-inplace-f16/run1, transpose.py; 128x128 on 8 warps was the best
+(the fp8-inplace-f16 probe's run1 at 01180b5, H200, transpose.py; 128x128 on 8 warps was the best
 or within 1% of it of 16 tilings at each size). The kernel moves bytes: any
 one-byte dtype goes through it as uint8.
 """
