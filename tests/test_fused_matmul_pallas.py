@@ -21,14 +21,15 @@ import numpy as np
 import pytest
 
 from epilogue_testing import act64, grad64, run_impl
+from jaxgemm import registry
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.pallas import PallasFusedMatmul
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
 from jaxgemm.ops.matmul.pallas import PallasConfig
 
 BACKEND = PallasFusedMatmul()
-pytestmark = pytest.mark.skipif(BACKEND.unavailable_reason() is not None,
-                                reason=str(BACKEND.unavailable_reason()))
+pytestmark = pytest.mark.skipif(registry.why_unavailable(BACKEND) is not None,
+                                reason=str(registry.why_unavailable(BACKEND)))
 
 BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
 # The smallest tiles the two-consumer rungs take (the interpreter's time grows with tiles).

@@ -18,14 +18,15 @@ import numpy as np
 import pytest
 
 from epilogue_testing import run_impl
+from jaxgemm import registry
 from jaxgemm.ops import activations
 from jaxgemm.ops.glu.pallas import PallasGlu
 from jaxgemm.ops.glu.problem import GluProblem
 from jaxgemm.ops.matmul.pallas import PallasConfig
 
 BACKEND = PallasGlu()
-pytestmark = pytest.mark.skipif(BACKEND.unavailable_reason() is not None,
-                                reason=str(BACKEND.unavailable_reason()))
+pytestmark = pytest.mark.skipif(registry.why_unavailable(BACKEND) is not None,
+                                reason=str(registry.why_unavailable(BACKEND)))
 
 BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
 TINY = PallasConfig(tile_m=128, tile_n=64, tile_k=64, max_concurrent_steps=2, epi_tile_n=64)

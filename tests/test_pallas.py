@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxgemm import registry
 import jaxgemm
 from jaxgemm import GemmProblem
 
@@ -24,8 +25,8 @@ pallas = importlib.import_module("jaxgemm.ops.matmul.pallas")
 PallasConfig = pallas.PallasConfig
 BACKEND = jaxgemm.registry.get_backend("pallas")
 
-pytestmark = pytest.mark.skipif(BACKEND.unavailable_reason() is not None,
-                                reason=str(BACKEND.unavailable_reason()))
+pytestmark = pytest.mark.skipif(registry.why_unavailable(BACKEND) is not None,
+                                reason=str(registry.why_unavailable(BACKEND)))
 
 F32 = np.dtype(np.float32)
 

@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 
 from gemm_testing import assert_gemm_close, ragged_dot_reference, random_array, tolerance
+from jaxgemm import registry
 from jaxgemm import ragged_schedule as schedule
 from jaxgemm.ops.ragged_dot.pallas import PallasRaggedDot, RaggedDotPallasConfig
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
 BACKEND = PallasRaggedDot()
-pytestmark = pytest.mark.skipif(BACKEND.unavailable_reason() is not None,
-                                reason=str(BACKEND.unavailable_reason()))
+pytestmark = pytest.mark.skipif(registry.why_unavailable(BACKEND) is not None,
+                                reason=str(registry.why_unavailable(BACKEND)))
 
 BF16, F16, F32 = np.dtype(jnp.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
 # The smallest tiles each rung takes: the interpreter's time grows with tiles x K steps.

@@ -35,7 +35,7 @@ from test_scaled_matmul import (A_BLOCK, ACC_TOL, B_BLOCK, BF16, E4M3, E5M2, F16
                                 operands, reference)
 
 pytestmark = pytest.mark.skipif(
-    registry.get_backend("pallas", "scaled_matmul").unavailable_reason() is not None,
+    registry.why_unavailable(registry.get_backend("pallas", "scaled_matmul")) is not None,
     reason="Mosaic GPU is not importable")
 
 BACKEND = registry.get_backend("pallas", "scaled_matmul")

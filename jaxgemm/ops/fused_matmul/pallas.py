@@ -140,9 +140,6 @@ class PallasFusedMatmul(registry.Backend):
   config_cls = PallasConfig
   variants = VARIANTS
 
-  def unavailable_reason(self) -> str | None:
-    return _MATMUL.unavailable_reason()
-
   def structural_win(self, problem: FusedMatmulProblem, device_kind: str) -> str | None:
     """A 16-bit activation epilogue from EPILOGUE_WIN_PALLAS_MIN_M rows, on Hopper
     (`fused_matmul.problem.activation_epilogue_wins` has the measurement)."""

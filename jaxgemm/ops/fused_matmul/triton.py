@@ -70,9 +70,6 @@ class TritonFusedMatmul(registry.Backend):
     backend._matmul = self._matmul.for_platform(platform)
     return backend
 
-  def unavailable_reason(self) -> str | None:
-    return self._matmul.unavailable_reason()
-
   def structural_win(self, problem: FusedMatmulProblem, device_kind: str) -> str | None:
     """A 16-bit activation epilogue below EPILOGUE_WIN_PALLAS_MIN_M rows, on Hopper
     (`fused_matmul.problem.activation_epilogue_wins` has the measurement)."""

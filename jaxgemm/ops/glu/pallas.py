@@ -87,9 +87,6 @@ class PallasGlu(registry.Backend):
   config_cls = PallasConfig
   variants = VARIANTS
 
-  def unavailable_reason(self) -> str | None:
-    return _MATMUL.unavailable_reason()
-
   def structural_win(self, problem: GluProblem, device_kind: str) -> str | None:
     """SwiGLU-like 16-bit dual GEMMs from EPILOGUE_WIN_PALLAS_MIN_M rows, on Hopper
     (`fused_matmul.problem.activation_epilogue_wins` has the measurement)."""

@@ -53,9 +53,6 @@ class TritonGlu(registry.Backend):
     backend._matmul = self._matmul.for_platform(platform)
     return backend
 
-  def unavailable_reason(self) -> str | None:
-    return self._matmul.unavailable_reason()
-
   def default_variant(self, problem: GluProblem) -> str:
     return "dual"
 

@@ -103,9 +103,6 @@ class PallasMatmul(registry.Backend):
   config_cls = PallasConfig
   variants = VARIANTS
 
-  def unavailable_reason(self) -> str | None:
-    return mosaic_gpu_error()
-
   def check(self, problem: GemmProblem, variant: str, config: KernelConfig) -> None:
     registry.require_dtypes(problem, f"backend='pallas' variant={variant!r}", _IN_DTYPES)
     if problem.fp32_precision not in (None, "tf32"):

@@ -200,13 +200,6 @@ class TritonMatmul(registry.Backend):
   def for_platform(self, platform: str | None) -> "TritonMatmul":
     return TritonMatmul(num_sms=heuristic_num_sms(platform))
 
-  def unavailable_reason(self) -> str | None:
-    try:
-      import triton  # noqa: F401, PLC0415
-    except ImportError:
-      return "the `triton` package is not installed (pip install 'jaxgemm[triton]')"
-    return None
-
   def default_variant(self, problem: GemmProblem) -> str:
     """The rung for `problem` with no tuning record.
 

@@ -122,9 +122,6 @@ class PallasRaggedDot(registry.Backend):
   config_cls = RaggedDotPallasConfig
   variants = VARIANTS
 
-  def unavailable_reason(self) -> str | None:
-    return mosaic_gpu_error()
-
   def default_variant(self, problem: RaggedDotProblem) -> str:
     """`grouped` (two consumer warpgroups) where rows are many, `pipelined` for decode.
 
@@ -248,7 +245,6 @@ class PallasRaggedDot(registry.Backend):
         out.append(("pipelined", _fit(problem, "pipelined",
                                       dataclasses.replace(p, tile_m=192))))
     return out
-
 
   def impl(self, problem: RaggedDotProblem, variant: str, config: KernelConfig,
            platform: str):

@@ -118,13 +118,6 @@ class TritonRaggedDot(registry.Backend):
     return (f"grouped GEMM of {problem.flops / 1e9:.0f} GFLOP: XLA's ragged_dot ran 7-33x "
             f"slower on the MoE shapes measured")
 
-  def unavailable_reason(self) -> str | None:
-    try:
-      import triton  # noqa: F401, PLC0415
-    except ImportError:
-      return "the `triton` package is not installed (pip install 'jaxgemm[triton]')"
-    return None
-
   @staticmethod
   def _k_scale(problem: RaggedDotProblem) -> int:
     return np.dtype(problem.dtype).itemsize // 2   # fp32: half as deep, same bytes

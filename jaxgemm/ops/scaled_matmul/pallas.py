@@ -233,9 +233,6 @@ class PallasScaledMatmul(registry.Backend):
     win = kernel_win(problem, device_kind)
     return win[1] if win and win[0] == "pallas" else None
 
-  def unavailable_reason(self) -> str | None:
-    return mosaic_gpu_error()
-
   def check(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig) -> None:
     what = "backend='pallas' scaled_matmul"
     for name, dtype in (("a", problem.dtype), ("b", problem.b_dtype)):

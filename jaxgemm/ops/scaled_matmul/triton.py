@@ -109,9 +109,6 @@ class TritonScaledMatmul(registry.Backend):
     win = kernel_win(problem, device_kind)
     return win[1] if win and win[0] == "triton" else None
 
-  def unavailable_reason(self) -> str | None:
-    return self._matmul.unavailable_reason()
-
   def default_variant(self, problem: ScaledMatmulProblem) -> str:
     return "blocked"
 
