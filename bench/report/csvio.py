@@ -92,7 +92,13 @@ COMMIT_ENV = "JAXGEMM_BENCH_COMMIT"   # the commit, when the tree has no .git
 
 
 def repo_root() -> Path:
-  return Path(__file__).resolve().parents[2]
+  """The source checkout this module runs from, or (installed from a wheel, where
+  `jaxgemm.bench` sits in site-packages) the working directory: results, history and
+  docs are a checkout's files, never the installed package's."""
+  checkout = Path(__file__).resolve().parents[2]
+  if (checkout / "pyproject.toml").is_file() and (checkout / "bench" / "report").is_dir():
+    return checkout
+  return Path.cwd()
 
 
 RESULTS = repo_root() / "bench" / "results"   # where runs, tuning logs and history.csv live
