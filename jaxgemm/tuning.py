@@ -344,9 +344,11 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
   timer = Timer(platform)
   if iters is None:
     iters = 20 if platform == "gpu" else 3
-  if backends is None:
-    backends = [b for b in registry.backends() if b != dispatch.FALLBACK]
-  backends = _checked_backends(backends, {p.op for p in found} or set(registry.ops()))
+  ops = {p.op for p in found} or set(registry.ops())
+  if backends is None:   # every kernel backend of the ops found, in registration order
+    backends = list(dict.fromkeys(b for op in registry.ops() if op in ops
+                                  for b in registry.backends(op) if b != dispatch.FALLBACK))
+  backends = _checked_backends(backends, ops)
   report = TuningReport(kind, path, timer.label)
   say = log or (lambda _: None)
   todo = list(found)

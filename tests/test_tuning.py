@@ -399,7 +399,7 @@ def test_kernel_version_follows_the_sources():
   """Every rung of every backend has a version; rungs running other code differ."""
   versions = {}
   for op in registry.ops():
-    for name in ("xla", "triton", "pallas"):
+    for name in registry.backends(op):
       backend = registry.get_backend(name, op)
       for variant in backend.variants:
         version = tuning_cache.kernel_version(name, op, variant=variant)
@@ -497,12 +497,13 @@ def _edited(monkeypatch, *files: str):
 
 def _all_versions() -> dict[tuple[str, str, str], str]:
   return {(op, name, v): tuning_cache.kernel_version(name, op, variant=v)
-          for op in registry.ops() for name in ("xla", "triton", "pallas")
+          for op in registry.ops() for name in registry.backends(op)
           for v in registry.get_backend(name, op).variants}
 
 
 def _rungs_of(name: str) -> set[tuple[str, str, str]]:
-  return {(op, name, v) for op in registry.ops() for v in registry.variants(name, op)}
+  return {(op, name, v) for op in registry.ops() if name in registry.backends(op)
+          for v in registry.variants(name, op)}
 
 
 @pytest.fixture
@@ -575,7 +576,7 @@ def test_every_module_outside_the_kernels_that_a_rung_imports_is_classified():
   must be classified, so a rung's version cannot silently miss code it runs."""
   missing = {}
   for op in registry.ops():
-    for name in ("xla", "triton", "pallas"):
+    for name in registry.backends(op):
       backend = registry.get_backend(name, op)
       for variant in backend.variants:
         roots = backend.kernel_modules_of(variant)
