@@ -68,8 +68,10 @@ def pytest_configure(config):
       "markers", "cases(common, xla=()): test cases for every kernel, plus xla-only ones")
   config.addinivalue_line("markers", "kernel_backends: only the non-xla backends' kernels")
   config.addinivalue_line(
-      "markers", "slow_for_kernels(keep=0, variants=None): mark `slow` on slow interpreters "
-                 "(all cases but the first `keep`; only the named variants if given)")
+      "markers", "slow_for_kernels(keep=0, variants=None, cpu_variants=None, rotate=False): "
+                 "mark `slow` on slow interpreters (all cases but the first `keep`; only the "
+                 "named variants if given; every variant but `cpu_variants`; with rotate, "
+                 "each case on one kernel in turn)")
 
 
 def pytest_report_header(config):
@@ -104,13 +106,28 @@ def pytest_generate_tests(metafunc):
   # the rest of the product (every layout of every rung) to the GPU tier.
   # With variants=(...), only those variants' cases are marked (a variant whose
   # other cases the kernel's own tests or another variant's already run).
+  # With cpu_variants=(...), a slow interpreter's other variants run wholly in the GPU
+  # tier (the costly persistent rungs, whose every case the cheap ones also check).
+  # With rotate=True, each case runs on the CPU on one slow-interpreter kernel in turn
+  # (case i on the i-th, modulo their number): every case and every kernel stays on
+  # the CPU once, and the rest of the product goes to the GPU tier.
   heavy = metafunc.definition.get_closest_marker("slow_for_kernels")
   keep = heavy.kwargs.get("keep", 0) if heavy is not None else None
   only = heavy.kwargs.get("variants") if heavy is not None else None
+  on_cpu = heavy.kwargs.get("cpu_variants") if heavy is not None else None
+  rotate = heavy.kwargs.get("rotate", False) if heavy is not None else False
+  slow_kernels = [k for k in kernels if k.backend in SLOW_INTERPRETERS
+                  and (on_cpu is None or k.variant in on_cpu)]
 
   def marks_of(k, case_index=0):
-    slow = (heavy is not None and k.backend in SLOW_INTERPRETERS and case_index >= keep
-            and (only is None or k.variant in only))
+    if heavy is None or k.backend not in SLOW_INTERPRETERS:
+      return []
+    if on_cpu is not None and k.variant not in on_cpu:
+      slow = True
+    elif rotate:
+      slow = slow_kernels.index(k) != case_index % len(slow_kernels)
+    else:
+      slow = case_index >= keep and (only is None or k.variant in only)
     return [pytest.mark.slow] if slow else []
   marker = metafunc.definition.get_closest_marker("cases")
   if marker is None:

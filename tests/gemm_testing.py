@@ -85,6 +85,27 @@ TOLERANCES = {
 }
 
 
+def rotated(variants, cases, heavy) -> list:
+  """pytest params (variant, case) for every pair, for the tests that parametrize a
+  backend's rungs themselves: on the CPU the `heavy` variants (slow in the
+  interpreter) take the cases in turn, case i on the i-th of them, so each case and
+  each rung still runs there once; their other pairs are `slow` (the GPU tier runs
+  them compiled). The other variants run every case on the CPU.
+
+  >>> [p.id for p in rotated(["a", "h1", "h2"], ["x", "y"], heavy=["h1", "h2"])]
+  ['x-a', 'x-h1', 'x-h2', 'y-a', 'y-h1', 'y-h2']
+  """
+  heavy = [v for v in variants if v in heavy]
+  params = []
+  for i, case in enumerate(cases):
+    case = case if isinstance(case, type(pytest.param(None))) else pytest.param(case, id=str(case))
+    for v in variants:
+      slow = v in heavy and heavy.index(v) != i % len(heavy)
+      params.append(pytest.param(v, *case.values, id=f"{case.id}-{v}",
+                                 marks=[*case.marks, *([pytest.mark.slow] if slow else [])]))
+  return params
+
+
 def _precision_pair(precision):
   if precision is None:
     return (lax.Precision.DEFAULT, lax.Precision.DEFAULT)

@@ -162,6 +162,7 @@ DG_MAPPED_WIDE = [
 
 
 @pytest.mark.cases(DG_MAPPED, xla=DG_MAPPED_WIDE)
+@pytest.mark.slow_for_kernels(rotate=True)   # each mapping on one Pallas rung; all in the GPU tier
 def test_dot_general_transposed(kernel, case, rng):
   """Layouts that map onto trans flags: right answer, no materialized transpose."""
   lhs_shape, rhs_shape, dims, (trans_a, trans_b) = case

@@ -20,6 +20,7 @@ import pytest
 from jaxgemm import registry
 import jaxgemm
 from jaxgemm import GemmProblem
+from gemm_testing import rotated
 
 pallas = importlib.import_module("jaxgemm.ops.matmul.pallas")
 PallasConfig = pallas.PallasConfig
@@ -215,8 +216,12 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("variant", pallas.VARIANTS)
-@pytest.mark.parametrize("case", CASES)
+PERSISTENT = [v for v in pallas._PERSISTENT if v in pallas.VARIANTS]
+
+
+# The persistent rungs take 10-15 s a case in the interpreter: on the CPU they take the
+# cases in turn (each case and rung once; `rotated`), the GPU tier runs every pair.
+@pytest.mark.parametrize("variant,case", rotated(pallas.VARIANTS, CASES, heavy=PERSISTENT))
 def test_interpreter_matches_reference(variant, case):
   batch, m, n, k, ta, tb, dtype = case
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
@@ -316,7 +321,6 @@ def test_gpu_narrow_k_step_configs_match_reference(variant, trans, tiles):
 
 ws = importlib.import_module("jaxgemm.kernels.pallas.matmul.warp_specialized")
 common = importlib.import_module("jaxgemm.kernels.pallas.common")
-PERSISTENT = [v for v in pallas._PERSISTENT if v in pallas.VARIANTS]
 
 
 @pytest.mark.parametrize("valid,extent", [(v, e) for e in (8, 32, 64) for v in range(1, e + 1)])
@@ -379,8 +383,7 @@ EXACT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("variant", PERSISTENT)
-@pytest.mark.parametrize("case", EXACT_CASES)
+@pytest.mark.parametrize("variant,case", rotated(PERSISTENT, EXACT_CASES, heavy=PERSISTENT))
 def test_interpreter_exact_c_stores(variant, case):
   batch, m, n, k, ta, tb, dtype = case
   p = problem(batch, m, n, k, dtype, trans_a=ta, trans_b=tb)
@@ -439,7 +442,14 @@ STREAM_K_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case,split_rounds,sms", STREAM_K_CASES)
+# 75-105 s a case in the interpreter: the CPU runs the one where a worker both owns a
+# split tile and contributes to another; the GPU tier runs them all.
+CPU_STREAM_K_CASE = "NN-bf16-128x640x192"
+
+
+@pytest.mark.parametrize("case,split_rounds,sms", [
+    c if c.id == CPU_STREAM_K_CASE else pytest.param(*c.values, id=c.id, marks=pytest.mark.slow)
+    for c in STREAM_K_CASES])
 def test_interpreter_stream_k(case, split_rounds, sms, monkeypatch):
   """Rung 5 with the split forced (small problems never meet its rules of 5%
   of the tiles and 64 K steps), on 6 interpreted SMs (unless the case says

@@ -23,6 +23,11 @@ from gemm_testing import (as_f64, assert_gemm_close, best_setting, iter_eqns,
 
 pytestmark = pytest.mark.op("matmul")
 
+# The Pallas rungs whose transformation tests run on the CPU: clusters, stream_k and
+# pingpong build on warp_specialized and take 30-80 s a gradient check in Mosaic GPU's
+# interpreter, so theirs run compiled in the GPU tier (`slow_for_kernels`).
+CPU_PALLAS_RUNGS = ("basic", "pipelined", "warp_specialized")
+
 M, K, N = 33, 40, 24     # M ragged; K and N multiples of 8 (aligned rows), no tile size
 
 NN = (((1,), (0,)), ((), ()))
@@ -93,7 +98,7 @@ def test_check_grads_order2_x64_xla_matmul_shapes(shapes, rng, x64):
 
 
 @pytest.mark.cases([pytest.param(NN, id="NN"), pytest.param(TT, id="TT")])
-@pytest.mark.slow_for_kernels(keep=1)
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=CPU_PALLAS_RUNGS)
 def test_check_grads_order1_kernel(kernel, case, rng):
   """Every kernel, order 1, fwd and rev, in fp32 (skipped if it has no fp32 path).
 
@@ -231,7 +236,7 @@ def _check_vjp(kernel, rng, fn, a_shape, b_shape, np_fn, out_dtype=None):
 
 
 @pytest.mark.cases(VJP_CASES)
-@pytest.mark.slow_for_kernels(keep=1)
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=CPU_PALLAS_RUNGS)
 def test_vjp_against_float64(kernel, case, rng):
   dims, batch = case
   a_shape, b_shape = _shapes(dims, batch=batch)
@@ -243,13 +248,14 @@ def test_vjp_against_float64(kernel, case, rng):
 @pytest.mark.cases([pytest.param(((2, 1, M, K), (3, K, N)), id="broadcast"),
                     pytest.param(((2, M, K), (K, N)), id="shared-rhs"),
                     pytest.param(((K,), (2, K, N)), id="vector-lhs")])
-@pytest.mark.slow_for_kernels(keep=1)
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=CPU_PALLAS_RUNGS)
 def test_vjp_against_float64_matmul_shapes(kernel, case, rng):
   a_shape, b_shape = case
   _check_vjp(kernel, rng, jaxgemm.matmul, a_shape, b_shape,
              functools.partial(jnp.matmul, precision=lax.Precision.HIGHEST))
 
 
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=CPU_PALLAS_RUNGS)
 def test_vjp_preferred_element_type(kernel, rng):
   """16-bit operands with an fp32 result: the cotangents come back in 16 bits."""
   a_shape, b_shape = (M, K), (K, N)
@@ -282,6 +288,7 @@ def test_vjp_preferred_element_type(kernel, rng):
 # ------------------------------------------------------ jit, jvp, linearize
 
 
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=CPU_PALLAS_RUNGS)
 def test_jit_jvp_linearize(kernel, rng):
   dtype, precision = best_setting(kernel, (M, K), (K, N))
   a, ta = (random_array(rng, (M, K), dtype) for _ in range(2))
@@ -333,6 +340,7 @@ def _mapped_shape(shape, axis):
   return shape if axis is None else (*shape[:axis], V, *shape[axis:])
 
 
+@pytest.mark.slow_for_kernels(rotate=True)   # each layout on one Pallas rung
 @pytest.mark.cases(VMAP_COMMON, xla=VMAP_WIDE)
 def test_vmap(kernel, case, rng):
   in_axes, out_axes, dims = case
