@@ -37,8 +37,11 @@ gpu-env:
 	  python3 -m pip install -q --no-index --no-deps --target .gpu-site .whl/*.whl; fi
 	python3 -m pip install -q --no-deps --no-build-isolation -e .
 
+# Several pytest workers share the one GPU (PYTEST_ARGS="-n 6" with pytest-xdist: the
+# tier is compile-bound), so none may preallocate most of its memory.
 gpu-test: gpu-env
-	PYTHONPATH=$(CURDIR)/.gpu-site python3 -m pytest -m "gpu or slow" $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR)/.gpu-site XLA_PYTHON_CLIENT_PREALLOCATE=false \
+	  python3 -m pytest -m "gpu or slow" $(PYTEST_ARGS)
 
 gpu-bench: gpu-env
 	PYTHONPATH=$(CURDIR)/.gpu-site python3 -m bench $(BENCH_ARGS)
