@@ -100,6 +100,7 @@ def _run_matmul(kernel, case, rng):
 
 
 @pytest.mark.cases(COMMON, xla=WIDE)
+@pytest.mark.slow_for_kernels(rotate=True)   # each case on one Pallas rung; all in the GPU tier
 def test_matmul_forward(kernel, case, rng):
   _run_matmul(kernel, case, rng)
 
