@@ -91,6 +91,7 @@ def test_config_json_partial_and_foreign(backend):
     cls.from_dict({"backend": backend, "no_such_field": 1})
 
 
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=("basic", "pipelined", "warp_specialized"))
 def test_explicit_config_gives_the_default_result(kernel, rng):
   """config= the backend's default (after a JSON round trip) computes the same result."""
   dtype, precision = best_setting(kernel, (33, 40), (40, 24))

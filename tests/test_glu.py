@@ -60,7 +60,7 @@ CASES = [pytest.param(("silu", True), id="swiglu+bias"), pytest.param(("gelu", F
 
 
 @pytest.mark.cases(CASES)
-@pytest.mark.slow_for_kernels(keep=1)
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=("dual",))   # dual_clusters: test_glu_pallas.py
 def test_every_activation_matches_float64(kernel, case, rng):
   activation, bias = case
   x, wg, wu, bg, bu = _operands(rng, 40, 24, 48, jnp.float32, bias)
@@ -73,7 +73,7 @@ def test_every_activation_matches_float64(kernel, case, rng):
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16], ids=lambda d: np.dtype(d).name)
-@pytest.mark.slow_for_kernels(keep=1)
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=("dual",))   # dual_clusters: test_glu_pallas.py
 def test_16_bit_and_batches(kernel, dtype, rng):
   x, wg, wu, bg, bu = _operands(rng, 16, 32, 64, dtype, True, batch=(2, 2))
   skip_unless(kernel, x, wg, wu)

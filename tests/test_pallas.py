@@ -146,8 +146,13 @@ def test_fp32_beyond_tf32_points_to_triton(precision):
       BACKEND.check(p, variant, BACKEND.default_config(p, variant))
 
 
-@pytest.mark.parametrize("variant", ["pipelined", "pingpong"])
-@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (True, True)])
+# Each layout on one of the two rungs on the CPU (`rotated`); every pair in the GPU tier.
+@pytest.mark.parametrize("variant,trans_a,trans_b", [
+    pytest.param(p.values[0], *p.values[1], id=p.id, marks=p.marks)
+    for p in rotated(["pipelined", "pingpong"],
+                     [pytest.param(t, id=f"{t[0]}-{t[1]}")
+                      for t in [(False, False), (True, False), (True, True)]],
+                     heavy=["pipelined", "pingpong"])])
 def test_fp32_any_layout_runs_k_major(variant, trans_a, trans_b):
   """TF32 wgmma reads only K-major operands: every stored layout is brought to it."""
   p = problem(1, 65, 129, 70, jnp.float32, trans_a=trans_a, trans_b=trans_b)
@@ -518,7 +523,11 @@ def test_interpreter_pingpong_uneven_tiles(case):
   assert_close(out, reference(a, b, p), p)
 
 
-@pytest.mark.parametrize("variant", pallas.VARIANTS)
+# clusters and pingpong take their persistent loop from warp_specialized and stream_k,
+# which the CPU checks; the GPU tier runs them too.
+@pytest.mark.parametrize("variant", [
+    pytest.param(v, marks=pytest.mark.slow) if v in ("clusters", "pingpong") else v
+    for v in pallas.VARIANTS])
 def test_interpreter_single_k_step_several_tiles_per_cta(variant):
   """K fits one tile and each CTA walks several tiles (batch 6 on the
   interpreter's 2 CTAs): once a barrier phase completed twice and hung."""

@@ -410,6 +410,7 @@ def test_problems_in_finds_it_and_no_backward():
 E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
 
+@TMA_ONLY_ON_GPU
 @pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
 def test_power_of_two_scales(kernel, kind, rng):
   """float8_e8m0fnu scales (quantize's power-of-two scales) give the float32 scales'

@@ -364,6 +364,7 @@ def test_vmap(kernel, case, rng):
   assert names.count("jaxgemm_matmul") == 1 and "dot_general" not in names, names
 
 
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=CPU_PALLAS_RUNGS)
 def test_vmap_nested_and_batched_operands(kernel, rng):
   """vmap of vmap over already-batched operands (batch dims fold into B)."""
   dtype, precision = best_setting(kernel, (2, 7, K), (2, K, N))
