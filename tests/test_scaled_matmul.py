@@ -104,9 +104,8 @@ def check(out, ref, bound, out_dtype, what=""):
 
 
 # The pallas variant that copies block scales through the TMA ring (block scales
-# only): on the CPU it runs the block cases of test_scale_kinds_dtypes_and_out_dtypes,
-# the transposed weight, the batches and the pallas file's promotion test; the other
-# tests (the same kernel behind the same pre-pass and wrapper) in the GPU tier.
+# only): on the CPU it runs the transposed weight and the pallas file's promotion test;
+# the other tests (the same kernel behind the same pre-pass and wrapper) in the GPU tier.
 TMA_ONLY_ON_GPU = pytest.mark.slow_for_kernels(variants=("warp_specialized_tma_scales",))
 
 KIND_PAIRS = [("tensor", "tensor"), ("row_col", "row_col"), ("block", "block"),
@@ -135,12 +134,24 @@ def test_scale_kinds_dtypes_and_out_dtypes(kernel, case, rng):
   check(out, *reference(a64, b64), out_dtype, f"{case}")
 
 
-@TMA_ONLY_ON_GPU
-@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
-@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (True, False), (True, True)])
-def test_transposed_layouts(kernel, kind, trans_a, trans_b, rng):
+# The first three cases take each scale kind and each layout once: the plain Pallas
+# variant runs those on the CPU, the GPU tier every pair (and the TMA-scales variant).
+TRANSPOSED_CASES = [
+    pytest.param((kind, ta, tb), id=f"{ta}-{tb}-{kind}")
+    for kind, (ta, tb) in [("tensor", (False, True)), ("row_col", (True, False)),
+                           ("block", (True, True))]
+    + [(kind, t) for kind in ("tensor", "row_col", "block")
+       for t in [(False, True), (True, False), (True, True)]
+       if (kind, t) not in [("tensor", (False, True)), ("row_col", (True, False)),
+                            ("block", (True, True))]]]
+
+
+@pytest.mark.cases(TRANSPOSED_CASES)
+@pytest.mark.slow_for_kernels(keep=3, cpu_variants=("warp_specialized",))
+def test_transposed_layouts(kernel, case, rng):
   """Operands stored transposed, with their scales as quantize returns them for the
   stored array (the backward's layouts: the forward's fp8 tensors reused)."""
+  kind, trans_a, trans_b = case
   m, k, n = 40, 260, 136
   a_block = {"tensor": None, "row_col": (None, 1), "block": (128, 1)}[kind] if trans_a \
       else A_BLOCK[kind]
@@ -162,14 +173,24 @@ def test_transposed_weight_reuses_forward_scales(kernel, rng):
   check(out, *reference(dy64, w64.T), F32)
 
 
-@pytest.mark.parametrize("kind", ["tensor", "row_col", "block"])
-@pytest.mark.parametrize("a_shape,b_shape", [
-    pytest.param((3, 2, 50, 130), (130, 140), id="shared-weight"),
-    pytest.param((3, 50, 130), (3, 130, 140), id="batched"),
-    pytest.param((2, 1, 50, 130), (3, 130, 140), id="broadcast"),
-])
-def test_batches(kernel, kind, a_shape, b_shape, rng):
+BATCH_SHAPES = {"shared-weight": ((3, 2, 50, 130), (130, 140)),
+                "batched": ((3, 50, 130), (3, 130, 140)),
+                "broadcast": ((2, 1, 50, 130), (3, 130, 140))}
+# The first three take each form and each scale kind once: the plain Pallas variant runs
+# those on the CPU, the GPU tier every pair (and the TMA-scales variant).
+BATCH_CASES = [pytest.param((kind, form), id=f"{form}-{kind}") for kind, form in
+               [("tensor", "shared-weight"), ("row_col", "batched"), ("block", "broadcast")]
+               + [(kind, form) for form in BATCH_SHAPES for kind in ("tensor", "row_col", "block")
+                  if (kind, form) not in [("tensor", "shared-weight"), ("row_col", "batched"),
+                                          ("block", "broadcast")]]]
+
+
+@pytest.mark.cases(BATCH_CASES)
+@pytest.mark.slow_for_kernels(keep=3, cpu_variants=("warp_specialized",))
+def test_batches(kernel, case, rng):
   """Leading batch dimensions as in jnp.matmul, with scales per batch entry."""
+  kind, form = case
+  a_shape, b_shape = BATCH_SHAPES[form]
   a, sa, a64 = operands(rng, a_shape, E4M3, A_BLOCK[kind])
   b, sb, b64 = operands(rng, b_shape, E4M3, B_BLOCK[kind])
   if kind == "tensor":   # one scale per tensor: quantize saw the whole batch
