@@ -23,10 +23,16 @@ for, it runs a backend's heuristic choice where that backend names a
 structural win (`Backend.structural_win`: a problem class measured to beat
 XLA on this device kind), and XLA (`FALLBACK`) otherwise.
 
+On a GPU, a problem with no measurement of its own is measured first, when it
+is lowered (`jaxgemm.measure.decide`, which then calls `choose`): the records
+of its own shape decide, and a neighbour's record only where nothing is
+measured (the no-measure path: the CPU, ``JAXGEMM_AUTOTUNE=off``, a program
+partitioned over several devices).
+
 Resolution happens per problem (`choose`, called by each op's lowering rule),
 so the backward GEMMs of a gradient (other shapes, other layouts) each get
 their own choice. The public functions call `validate` first, so a bad name or
-config is reported before anything is traced. Nothing is tuned here.
+config is reported before anything is traced. Nothing is measured here.
 """
 
 from __future__ import annotations
@@ -139,10 +145,22 @@ def _usable(problem: Problem, backend: registry.Backend, variant: str,
 
 def _tuned(problem: Problem, kind: str, backend: str | None,
            variant: str | None) -> list[tuple[float, Choice]]:
-  """(speedup over XLA in tuning, Choice) of the usable tuned records, fastest first."""
+  """(speedup over XLA in tuning, Choice) of the usable tuned records, fastest first.
+
+  Where the problem itself was measured (its XLA record is of its own shape), only
+  the records of its own shape count: a neighbour's record is a guess that the
+  measurement replaced.
+  """
   out = []
   usable = registry.backends(problem.op)
-  for t in tuning_cache.lookup(problem, kind, backend):
+  records = tuning_cache.lookup(problem, kind, backend)
+  if backend is not None:   # XLA's record says whether the problem itself was measured
+    records += [t for t in tuning_cache.lookup(problem, kind, FALLBACK) if backend != FALLBACK]
+  own = problem.shape_key()
+  if any(t.backend == FALLBACK and t.shape == own for t in records):
+    records = [t for t in records if t.shape == own]
+  records = [t for t in records if backend is None or t.backend == backend]
+  for t in records:
     if (variant is not None and t.variant != variant) or t.backend not in usable:
       continue
     b = registry.get_backend(t.backend, problem.op)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -176,6 +177,9 @@ class TuningReport:
   out_of_time: list[Problem] = dataclasses.field(default_factory=list)
   elapsed_s: float = 0.0
   compile_s: float = 0.0
+  # What was stored (or, with no cache file, would have been), in the cache's
+  # {key: {shape: record}} form: `jaxgemm.measure` keeps it for the process.
+  records: dict[str, dict[str, dict]] = dataclasses.field(default_factory=dict)
 
   def best(self, problem: Problem) -> Trial | None:
     """The trial that was fastest against the XLA timed around it."""
@@ -215,6 +219,34 @@ def _inputs(problem: Problem, seed: int, sets: int):
       [x for k in keys for x in op.example_operands(problem, k)])
 
 
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """What a compiled program the tuner times runs (`program_of`)."""
+
+  problem: Problem
+  backend: str
+  variant: str | None
+  config: KernelConfig | None
+  xla_options: tuple = ()
+
+
+# compiled -> its Program: a timer sees only the compiled function (CUPTI needs it as
+# it is), and a test's fake timer answers by what it runs.
+_PROGRAMS: "weakref.WeakKeyDictionary[Any, Program]" = weakref.WeakKeyDictionary()
+
+
+def program_of(compiled) -> Program | None:
+  """The `Program` a compiled function of the tuner's runs (None for any other function).
+
+  >>> program_of(len) is None
+  True
+  """
+  try:
+    return _PROGRAMS.get(compiled)
+  except TypeError:   # not weak-referenceable: not one of ours
+    return None
+
+
 def _compiled(problem: Problem, backend: str, variant, config, bufs,
               xla_options: dict[str, Any] | None = None):
   """The kernel compiled for all input sets at once (`rotated`): one call runs each set.
@@ -228,6 +260,8 @@ def _compiled(problem: Problem, backend: str, variant, config, bufs,
   arity = op.arity_of(problem)
   sets = len(bufs) // arity
   compiled = jax.jit(rotated(fn, sets, arity)).lower(*bufs).compile(xla_options or None)
+  _PROGRAMS[compiled] = Program(problem, backend, variant, config,
+                                tuple(sorted((xla_options or {}).items())))
   return compiled, time.perf_counter() - t0
 
 
@@ -258,16 +292,20 @@ def relative_error(x, y):
   return jnp.max(jnp.stack(jax.tree.leaves(jax.tree.map(one, x, y))))
 
 
-def _candidates(problem: Problem, backends: Iterable[str]):
+def _candidates(problem: Problem, backends: Iterable[str], max_candidates: int | None = None):
+  """(backend, variant, config, why not) of each backend's candidates, in its order; at most
+  `max_candidates` per backend that pass `check` (None: all)."""
   usable = registry.backends(problem.op)
   for name in backends:
     if name not in usable:
       continue
     b = registry.get_backend(name, problem.op)
-    seen = set()
+    seen, passed = set(), 0
     for variant, config in b.tuning_candidates(problem):
       if (variant, config) in seen:
         continue
+      if max_candidates is not None and passed >= max_candidates:
+        break
       seen.add((variant, config))
       try:
         b.check(problem, variant, config)
@@ -277,6 +315,7 @@ def _candidates(problem: Problem, backends: Iterable[str]):
       except ValueError as e:
         yield name, variant, config, f"invalid: {e}"
         continue
+      passed += 1
       yield name, variant, config, None
 
 
@@ -297,7 +336,9 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
              backends: Iterable[str] | None = None, backward: bool = True,
              time_budget_s: float = 600.0, iters: int | None = None,
              cache_path: str | Path | None = "default", retune: bool = False, seed: int = 0,
-             log: Callable[[str], Any] | None = print, **kwargs) -> TuningReport:
+             log: Callable[[str], Any] | None = print, max_candidates: int | None = None,
+             keep_partial: bool = False, timer: Timer | None = None,
+             **kwargs) -> TuningReport:
   """Tunes the GEMMs of `fn(*args, **kwargs)` (and/or `problems`); stores the winners.
 
   Args:
@@ -318,6 +359,12 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
       or ~/.cache/jaxgemm/autotune.json).
     retune: time problems the cache already holds again.
     log: called with a progress line per problem (None: quiet).
+    max_candidates: time at most this many of each backend's candidates per
+      problem, the first of `Backend.tuning_candidates` (None: all).
+    keep_partial: a problem whose candidates ran out of time stores what was
+      timed (its XLA record says it did not finish); by default it is left
+      for the next run.
+    timer: times the programs (default: CUPTI on a GPU, else wall clock).
 
   Returns:
     A `TuningReport` (`.summary()` prints it).
@@ -332,6 +379,9 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
   """
   t_start = time.perf_counter()
   _check_knobs(iters=iters, time_budget_s=time_budget_s, seed=seed)
+  if max_candidates is not None and not (isinstance(max_candidates, int) and max_candidates >= 1):
+    raise ValueError(f"autotune's max_candidates={max_candidates!r} must be an int of at least "
+                     f"1 (candidates per backend per problem) or None for all")
   path = tuning_cache.default_cache_path() if cache_path == "default" else (
       Path(cache_path) if cache_path is not None else None)
   found: dict[Problem, None] = {}
@@ -341,7 +391,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     found.setdefault(p)
   platform = platform_of()
   kind = dispatch.device_kind()
-  timer = Timer(platform)
+  timer = timer or Timer(platform)
   if iters is None:
     iters = 20 if platform == "gpu" else 3
   ops = {p.op for p in found} or set(registry.ops())
@@ -378,7 +428,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     report.compile_s += c_s
     finished = True
     timed = []   # (trial, its compiled kernel) of the candidates that passed
-    for name, variant, config, why in _candidates(problem, backends):
+    for name, variant, config, why in _candidates(problem, backends, max_candidates):
       if time.perf_counter() - t_start > time_budget_s:
         finished = False
         break
@@ -391,11 +441,13 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
           timed.append((trial, kernel))
     if not finished:
       report.out_of_time.append(problem)
-      continue
+      if not keep_partial:
+        continue
     _time_contenders_again(timed, compiled, bufs, timer, iters)
     del timed
-    _store(report, problem, path, kind, xla_ms, timer.label)
-    report.tuned.append(problem)
+    _store(report, problem, path, kind, xla_ms, timer.label, backends, finished)
+    if finished:
+      report.tuned.append(problem)
     best = report.best(problem)
     pick = _pick(best) if best else "no kernel passed"
     program = ", ".join(f"{k}={v}" for k, v in xla_options.items())
@@ -507,19 +559,24 @@ def _time_contenders_again(timed, xla_compiled, args, timer: Timer, iters: int) 
 
 
 def _store(report: TuningReport, problem: Problem, path: Path | None, kind: str,
-           xla_ms: float, timer: str) -> None:
-  """The fastest config of each (backend, variant), and XLA's own record, into the cache."""
+           xla_ms: float, timer: str, measured: list[str], finished: bool) -> None:
+  """The fastest config of each (backend, variant), and XLA's own record, into the cache
+  (and `report.records`). XLA's record lists the backends `measured` on the problem and
+  whether their candidates were all timed (`finished`) or the time budget ran out: the
+  measurement stands either way (`jaxgemm.measure` does not repeat it at each lowering;
+  `autotune(..., retune=True)` does)."""
   stamp = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   shape = problem.shape_key()
 
   def record(backend, variant, config_dict, ms, xla_around_ms):
     return {"config": config_dict, "time_ms": ms, "xla_time_ms": xla_around_ms, "timer": timer,
             "version": tuning_cache.kernel_version(backend, problem.op, variant=variant),
-            "tuned_at": stamp, "jax": jax.__version__}
+            "tuned_at": stamp, "jax": jax.__version__, "libs": tuning_cache.library_versions()}
 
   xla = _xla_variant(problem)
   records = {tuning_cache.entry_key(kind, "xla", xla, problem):
-             {shape: record("xla", xla, {}, xla_ms, xla_ms)}}
+             {shape: {**record("xla", xla, {}, xla_ms, xla_ms), "measured": sorted(measured),
+                      "finished": finished}}}
   best: dict[tuple[str, str], Trial] = {}
   for t in report.trials:
     if t.problem == problem and t.status == "ok":
@@ -530,5 +587,7 @@ def _store(report: TuningReport, problem: Problem, path: Path | None, kind: str,
     config = {k: v for k, v in t.config.to_dict().items() if k != "backend"}
     records[tuning_cache.entry_key(kind, backend, variant, problem)] = {
         shape: record(backend, variant, config, t.time_ms, t.xla_time_ms)}
+  for key, shapes in records.items():
+    report.records.setdefault(key, {}).update(shapes)
   if path is not None:
     tuning_cache.store(path, records)

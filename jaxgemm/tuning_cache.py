@@ -283,6 +283,26 @@ def restamp(entries: dict[str, dict[str, dict]], old_versions: dict[str, str]
   return out, counts
 
 
+@functools.cache
+def library_versions() -> dict[str, str]:
+  """The versions of the libraries a kernel's speed depends on, as records carry them.
+
+  A cache record written under other versions is stale (`lookup` ignores it): a
+  new jaxlib changes XLA's programs, a new Triton the kernels' code.
+
+  >>> sorted(library_versions())
+  ['jax', 'jaxlib', 'triton']
+  """
+  from importlib import metadata  # noqa: PLC0415 (only when a record is written or read)
+  out = {}
+  for name in ("jax", "jaxlib", "triton"):
+    try:
+      out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      out[name] = "none"
+  return out
+
+
 # ---------------------------------------------------------------- files
 
 def default_cache_path() -> Path | None:
@@ -425,6 +445,22 @@ class Tuned:
     return self.xla_time_ms / self.time_ms
 
 
+# Records measured in this process (`remember`): `backend="auto"` uses them even where
+# no cache file is written (JAXGEMM_AUTOTUNE_CACHE=off, or one that cannot be written).
+_SESSION: dict[str, dict[str, dict]] = {}
+
+
+def remember(records: dict[str, dict[str, dict]]) -> None:
+  """Keeps {key: {shape: record}} (what `jaxgemm.autotune` stores) for this process."""
+  for key, shapes in records.items():
+    _SESSION.setdefault(key, {}).update(shapes)
+
+
+def forget() -> None:
+  """Drops what `remember` kept (tests start from a clean process state)."""
+  _SESSION.clear()
+
+
 def _records(entries, source, device_kind, problem, backend) -> dict[tuple[str, str], Tuned]:
   out = {}
   suffix = parse_key(entry_key(device_kind, "b", "v", problem))[4]
@@ -437,7 +473,8 @@ def _records(entries, source, device_kind, problem, backend) -> dict[tuple[str, 
       continue
     version = _current_version(b, problem.op, v)
     current = {s: r for s, r in shapes.items()
-               if version is not None and r.get("version") == version and _valid_record(r)}
+               if version is not None and r.get("version") == version and _valid_record(r)
+               and (source == "table" or _same_libraries(r))}
     if not current:
       continue   # stale (kernel code changed since), malformed, or no such backend
     shape = min(current, key=problem.distance)
@@ -452,6 +489,14 @@ def _current_version(backend: str, op: str, variant: str) -> str | None:
     return kernel_version(backend, op, variant=variant)
   except ValueError:   # a backend or rung this installation does not have
     return None
+
+
+def _same_libraries(r: dict) -> bool:
+  """Whether a cache record was measured under the installed libraries (records written
+  before they carried them count as current: `jaxgemm.autotune` run by hand). A shipped
+  table's records are priors measured under the project's versions and always count."""
+  libs = r.get("libs")
+  return libs is None or libs == library_versions()
 
 
 def _valid_record(r: dict) -> bool:
@@ -473,7 +518,31 @@ def lookup(problem: Problem, device_kind: str, backend: str | None = None,
   if os.environ.get(TABLES_ENV, "").lower() != "off":
     found = _records(load(table_path(device_kind)), "table", device_kind, problem, backend)
   found.update(_records(load(path), "cache", device_kind, problem, backend))
+  found.update(_records(_SESSION, "measured", device_kind, problem, backend))
   return list(found.values())
+
+
+def measured_backends(problem: Problem, device_kind: str, xla_variant: str,
+                      cache_path: Path | None | str = "default") -> set[str] | None:
+  """The backends measured on exactly `problem` on `device_kind`, by the XLA record that
+  every measurement writes (in this process, the cache or the shipped table); None where
+  the problem was never measured. A record from before the list was kept measured all.
+  """
+  path = default_cache_path() if cache_path == "default" else cache_path
+  key = entry_key(device_kind, "xla", xla_variant, problem)
+  layers = [(_SESSION, "measured"), (load(path), "cache")]
+  if os.environ.get(TABLES_ENV, "").lower() != "off":
+    layers.append((load(table_path(device_kind)), "table"))
+  version = _current_version("xla", problem.op, xla_variant)
+  found = None
+  for entries, source in layers:
+    r = entries.get(key, {}).get(problem.shape_key())
+    if (r is None or r.get("version") != version or not _valid_record(r)
+        or (source != "table" and not _same_libraries(r))):
+      continue
+    measured = set(r.get("measured", ("*",)))
+    found = measured if found is None else found | measured
+  return found
 
 
 def has_record(problem: Problem, device_kind: str, backend: str, variant: str,

@@ -54,6 +54,10 @@ SLOW_INTERPRETERS = {"pallas"}
 # unless a test points JAXGEMM_AUTOTUNE_CACHE at its own file. (The tables
 # shipped for a device kind still apply: they are part of the package.)
 os.environ["JAXGEMM_AUTOTUNE_CACHE"] = "off"
+# Nor may measuring at lowering (`jaxgemm.measure`, on a GPU): each new problem would
+# cost seconds and make the kernel a test runs depend on the GPU's timings. The
+# tests of measuring turn it on (tests/test_measure.py).
+os.environ["JAXGEMM_AUTOTUNE"] = "off"
 
 SESSION_SEED = int(os.environ.get("JAXGEMM_TEST_SEED", random.SystemRandom().randrange(2**31)))
 

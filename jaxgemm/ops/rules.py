@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.interpreters import ad, mlir
 
-from jaxgemm import dispatch, registry
+from jaxgemm import dispatch, measure, registry
 from jaxgemm.ops.base import Problem
 
 # What an empty problem (K = 0, or nothing to store) lowers to: "xla", the fallback
@@ -27,15 +27,26 @@ from jaxgemm.ops.base import Problem
 EMPTY_RESULTS = ("xla", "zeros")
 
 
-def resolve_kernel(problem: Problem, params, platform: str | None = None) -> dispatch.Choice:
+def resolve_kernel(problem: Problem, params, platform: str | None = None,
+                   num_devices: int = 1) -> dispatch.Choice:
   """The kernel that runs `problem`: the params' choice, completed per problem.
 
   variant=None and config=None (and backend="auto") are resolved here, by
-  `jaxgemm.dispatch.choose`, so that each GEMM of a gradient gets the kernel
-  and tiles that suit its own shape.
+  `jaxgemm.measure.decide` (a measurement where the problem has none, then
+  `jaxgemm.dispatch.choose`), so that each GEMM of a gradient gets the kernel
+  and tiles that suit its own shape. num_devices: of the program being lowered.
   """
-  return dispatch.choose(problem, params["backend"], params["variant"], params["config"],
-                         platform=platform)
+  return measure.decide(problem, params, platform, num_devices)
+
+
+def devices_of(ctx) -> int:
+  """How many devices the program `ctx` lowers runs on (1 where jax does not say)."""
+  context = ctx.module_context.axis_context
+  count = getattr(context, "num_devices", None)
+  if count is None:
+    mesh = getattr(context, "mesh", None)
+    count = mesh.size if mesh is not None else 1
+  return count
 
 
 def _lower_choice(ctx, operands, problem, choice: dispatch.Choice, platform, canonical,
@@ -96,7 +107,7 @@ def kernel_lowering(problem_of: Callable, canonical_shapes: Callable | None, *,
       if empty == "zeros":
         return _lower_zeros(ctx, operands, multiple_results)
       return lower(dispatch.choose(problem, dispatch.FALLBACK, platform=platform))
-    choice = resolve_kernel(problem, params, platform)
+    choice = resolve_kernel(problem, params, platform, devices_of(ctx))
     if params["backend"] != dispatch.AUTO or choice.backend == dispatch.FALLBACK:
       return lower(choice)
     try:

@@ -1,0 +1,253 @@
+"""`backend="auto"` measures (`jaxgemm.measure`), driven by a fake timer on the CPU.
+
+The measuring path runs as on a GPU: the problem is found at lowering, XLA and the
+first candidates of each backend are compiled and checked against XLA's result (in
+the interpreters), and a fake timer says how fast each program is (by what it runs:
+`jaxgemm.tuning.program_of`). The GPU tier (tests/test_gpu_measure.py) measures for real.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxgemm
+from gemm_testing import assert_gemm_close, matmul_reference, random_array, tolerance
+from jaxgemm import dispatch, measure, tuning, tuning_cache
+
+F32 = np.dtype(np.float32)
+KIND = dispatch.device_kind()          # "cpu" here
+pytestmark = pytest.mark.skipif("triton" not in jaxgemm.backends(),
+                                reason="the triton backend (its interpreter) is not installed")
+
+
+class FakeTimer:
+  """Each program takes the ms its backend is given (XLA's "xla"), and costs
+  `clock_s` seconds of the tuner's clock per timed call."""
+  label = "fake"
+
+  def __init__(self, ms: dict[str, float], clock=None, clock_s: float = 0.0):
+    self.ms, self.clock, self.clock_s = ms, clock, clock_s
+    self.problems = []   # the problem of every program timed, in order
+
+  def time(self, f, args, iters, chunk=None):
+    program = tuning.program_of(f)
+    assert program is not None, "only the tuner's programs are timed"
+    self.problems.append(program.problem)
+    if self.clock is not None:
+      self.clock.now += self.clock_s * iters
+    return [self.ms[program.backend]] * iters
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch):
+  """A private cache file, no shipped tables, nothing remembered, measuring on."""
+  path = tmp_path / "autotune.json"
+  monkeypatch.setenv(tuning_cache.CACHE_ENV, str(path))
+  monkeypatch.setenv(tuning_cache.TABLES_ENV, "off")
+  monkeypatch.setenv(measure.ENABLED_ENV, "on")
+  monkeypatch.setattr(measure, "_failed", set())
+  tuning_cache.forget()
+  yield path
+  tuning_cache.forget()
+
+
+def measuring(timer, **kw):
+  """Measures on the CPU (the interpreters), with `timer`, the triton backend only
+  (the Mosaic GPU interpreter takes seconds a kernel), and no log."""
+  return measure.override(**{"timer": timer, "platforms": ("cpu",), "backends": ("triton",),
+                             "log": False, **kw})
+
+
+def operands(rng, m=48, n=40, k=32):
+  return random_array(rng, (m, k), F32), random_array(rng, (k, n), F32)
+
+
+def matmul_program():
+  """jnp-like a @ b under a jit of its own: lowered afresh (jit caches by function)."""
+  return jax.jit(lambda a, b: jaxgemm.matmul(a, b))
+
+
+def lowered_choice(a, b):
+  """The kernel auto runs for a @ b, as the lowering resolves it."""
+  problem = jaxgemm.GemmProblem(1, a.shape[0], b.shape[1], a.shape[1], F32, F32, F32)
+  return dispatch.choose(problem, "auto")
+
+
+@pytest.mark.parametrize("kernel_ms, picked", [(0.5, "triton"), (2.0, "xla")])
+def test_auto_runs_what_measured_fastest(fresh, rng, kernel_ms, picked):
+  a, b = operands(rng)
+  timer = FakeTimer({"xla": 1.0, "triton": kernel_ms})
+  with measuring(timer):
+    out = matmul_program()(a, b)
+  assert timer.problems, "nothing was measured"
+  ref, bound = matmul_reference(a, b)
+  assert_gemm_close(out, ref, bound, tolerance(F32), "measured auto")
+  assert lowered_choice(a, b).backend == picked
+  # XLA's record says what was measured, under which libraries.
+  key = tuning_cache.entry_key(KIND, "xla", "dot_general",
+                               jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32))
+  xla, = json.loads(fresh.read_text())["entries"][key].values()
+  assert xla["measured"] == ["triton"] and xla["finished"]
+  assert xla["libs"] == tuning_cache.library_versions()
+
+
+def test_a_measurement_is_reused_in_the_process_and_by_the_next(fresh, rng):
+  a, b = operands(rng)
+  timer = FakeTimer({"xla": 1.0, "triton": 0.5})
+  with measuring(timer):
+    matmul_program()(a, b)
+    first = len(timer.problems)
+    jax.jit(lambda a, b: jaxgemm.matmul(a, b) * 2)(a, b)   # a new program, the same GEMM
+    assert len(timer.problems) == first
+    tuning_cache.forget()                                  # a new process: the cache file
+    jax.jit(lambda a, b: jaxgemm.matmul(a, b) + 1)(a, b)
+    assert len(timer.problems) == first
+  assert lowered_choice(a, b).backend == "triton"
+
+
+def test_without_a_cache_file_the_process_keeps_what_it_measured(fresh, rng, monkeypatch):
+  monkeypatch.setenv(tuning_cache.CACHE_ENV, "off")
+  a, b = operands(rng)
+  timer = FakeTimer({"xla": 1.0, "triton": 0.5})
+  with measuring(timer):
+    matmul_program()(a, b)
+    first = len(timer.problems)
+    jax.jit(lambda a, b: jaxgemm.matmul(a, b) * 2)(a, b)
+  assert len(timer.problems) == first > 0
+  assert lowered_choice(a, b).backend == "triton"
+
+
+def test_each_gemm_of_a_gradient_is_measured(fresh, rng):
+  a, b = operands(rng)
+  timer = FakeTimer({"xla": 1.0, "triton": 0.5})
+  with measuring(timer):
+    jax.jit(jax.grad(lambda a, b: (jaxgemm.matmul(a, b) ** 2).sum(), argnums=(0, 1)))(a, b)
+  shapes = {(p.m, p.n, p.k) for p in timer.problems}
+  assert shapes == {(48, 40, 32), (48, 32, 40), (32, 40, 48)}   # forward, dA, dB
+
+
+def test_the_budget_stops_new_candidates(fresh, rng, monkeypatch):
+  """Each timed call costs 1 s of the tuner's clock: XLA's reference alone spends a
+  0.5 s budget, no kernel starts, and the measurement stands (not repeated)."""
+  class Clock:
+    now = 0.0
+
+    def perf_counter(self):
+      return self.now
+
+  clock = Clock()
+  monkeypatch.setattr(tuning, "time", clock)
+  timer = FakeTimer({"xla": 1.0, "triton": 0.5}, clock=clock, clock_s=1.0)
+  a, b = operands(rng)
+  with measuring(timer, budget_s=0.5, iters=2):
+    matmul_program()(a, b)
+    timed = list(timer.problems)
+    jax.jit(lambda a, b: jaxgemm.matmul(a, b) * 2)(a, b)
+  assert len(timer.problems) == len(timed) and timed
+  assert lowered_choice(a, b).backend == "xla"   # no kernel was timed
+  key = tuning_cache.entry_key(KIND, "xla", "dot_general",
+                               jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32))
+  assert not next(iter(json.loads(fresh.read_text())["entries"][key].values()))["finished"]
+
+
+def test_at_most_the_candidates_setting_per_backend(fresh, rng):
+  a, b = operands(rng, 64, 64, 64)
+  report = None
+  with measuring(FakeTimer({"xla": 1.0, "triton": 0.5}), candidates=1):
+    report = measure.measure(jaxgemm.GemmProblem(1, 64, 64, 64, F32, F32, F32))
+  assert len([t for t in report.trials if t.status != "unsupported"]) == 1
+
+
+def test_a_named_backend_with_no_variant_measures_its_own_candidates(fresh, rng):
+  a, b = operands(rng)
+  timer = FakeTimer({"xla": 1.0, "triton": 3.0})
+  with measuring(timer):
+    out = jax.jit(lambda a, b: jaxgemm.matmul(a, b, backend="triton"))(a, b)
+  assert {p.op for p in timer.problems} == {"matmul"}
+  p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
+  assert dispatch.choose(p, "triton").source == "measured"   # slower than XLA, but named
+  ref, bound = matmul_reference(a, b)
+  assert_gemm_close(out, ref, bound, tolerance(F32), "triton, measured")
+
+
+@pytest.mark.parametrize("setting, why", [
+    ({"enabled": False}, "JAXGEMM_AUTOTUNE=off"),
+    ({"platforms": ("cuda",)}, "not a measured platform"),
+])
+def test_nothing_is_measured_where_it_cannot_or_must_not_be(fresh, setting, why):
+  p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
+  with measuring(FakeTimer({}), **setting) as s:
+    assert why in measure.why_not_measured(p, "auto", "cpu", 1, s)
+  with measuring(FakeTimer({})) as s:
+    assert "partitioned over 8 devices" in measure.why_not_measured(p, "auto", "cpu", 8, s)
+    assert measure.why_not_measured(p, "auto", "cpu", 1, s) is None
+
+
+@pytest.mark.parametrize("name, value", [
+    (measure.ENABLED_ENV, "maybe"), (measure.BUDGET_ENV, "-1"), (measure.BUDGET_ENV, "soon"),
+    (measure.CANDIDATES_ENV, "0"), (measure.LOG_ENV, "loud")])
+def test_a_bad_knob_names_the_variable(monkeypatch, name, value):
+  monkeypatch.setenv(name, value)
+  with pytest.raises(ValueError, match=name):
+    measure.settings()
+
+
+def test_a_failed_measurement_leaves_the_no_measure_path_once(fresh, rng, capsys):
+  class Broken:
+    label = "broken"
+    calls = 0
+
+    def time(self, f, args, iters, chunk=None):
+      Broken.calls += 1
+      raise RuntimeError("the profiler is gone")
+
+  a, b = operands(rng)
+  with measure.override(timer=Broken(), platforms=("cpu",), backends=("triton",)):
+    out = matmul_program()(a, b)
+    jax.jit(lambda a, b: jaxgemm.matmul(a, b) * 2)(a, b)
+  assert Broken.calls == 1
+  assert "measuring 1x(48x32 @ 32x40)" in capsys.readouterr().err
+  ref, bound = matmul_reference(a, b)
+  assert_gemm_close(out, ref, bound, tolerance(F32), "auto after a failed measurement")
+
+
+def test_every_process_runs_process_0s_choice(fresh, rng, monkeypatch):
+  """Process 1 neither measures nor decides: it takes process 0's broadcast choice,
+  even where its own records would pick another kernel."""
+  from jax.experimental import multihost_utils
+  p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
+  triton = jaxgemm.registry.get_backend("triton")
+  ours = dispatch.Choice("triton", "tensorcore", triton.default_config(p, "tensorcore"), "x")
+  sent = []
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  monkeypatch.setattr(multihost_utils, "broadcast_one_to_all",
+                      lambda x: sent.append(x) or measure.encode_choice(ours))
+  timer = FakeTimer({"xla": 1.0, "triton": 0.5})
+  with measuring(timer) as s:
+    assert "not process 0" in measure.why_not_measured(p, "auto", "cpu", 1, s)
+    params = {"backend": "auto", "variant": None, "config": None}
+    got = measure.decide(p, params, "cpu")
+  assert not timer.problems and len(sent) == 1
+  assert (got.backend, got.variant, got.config, got.source) == (
+      "triton", "tensorcore", ours.config, "process 0")
+
+
+def test_a_cache_record_of_other_libraries_is_stale(fresh, rng):
+  a, b = operands(rng)
+  with measuring(FakeTimer({"xla": 1.0, "triton": 0.5})):
+    matmul_program()(a, b)
+  data = json.loads(fresh.read_text())
+  for shapes in data["entries"].values():
+    for r in shapes.values():
+      r["libs"] = {**r["libs"], "jaxlib": "0.0.1"}
+  fresh.write_text(json.dumps(data))
+  tuning_cache.forget()
+  p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
+  assert tuning_cache.measured_backends(p, KIND, "dot_general") is None
+  assert lowered_choice(a, b).backend == "xla"
