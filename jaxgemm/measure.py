@@ -72,6 +72,11 @@ DEFAULT_BUDGET_S = 2.5
 DEFAULT_CANDIDATES = 2
 # Timed calls per program (paired with XLA's: `jaxgemm.timing.time_paired`).
 DEFAULT_ITERS = 10
+# Input sets rotated for a problem smaller than about twice the L2 (the tuner's default
+# is 32): each set is one more dot or kernel in every program compiled, and compiling
+# took most of a measurement (1.2-1.9 s of 2.5-3.4 s on an H100, the measure probe at
+# 5d2b33f, seed 4242).
+MAX_ROTATE = 4
 # The lowering platforms whose kernels are compiled, so worth timing.
 MEASURED_PLATFORMS = ("cuda", "rocm")
 
@@ -213,7 +218,8 @@ def measure(problem: Problem, backend: str = dispatch.AUTO,
     report = tuning.autotune(problems=[problem], backends=backends, backward=False,
                              time_budget_s=s.budget_s, iters=s.iters, cache_path=None,
                              retune=True, log=None, max_candidates=s.candidates,
-                             keep_partial=True, timer=s.timer)
+                             keep_partial=True, timer=s.timer, xla_programs="own",
+                             max_rotate=MAX_ROTATE)
   finally:
     _measuring.active = False
   tuning_cache.remember(report.records)

@@ -44,8 +44,8 @@ from jax.extend import core as jex_core
 from jaxgemm import dispatch, registry, tuning_cache
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops.base import Problem
-from jaxgemm.timing import (Timer, l2_bytes, platform_of, rotated, rotation, summarize,
-                            time_paired)
+from jaxgemm.timing import (MAX_ROTATE, Timer, l2_bytes, platform_of, rotated, rotation,
+                            summarize, time_paired)
 
 # Relative Frobenius error ||C - C_xla|| / ||C_xla|| a candidate may have and
 # still be stored. Both results are rounded to the output dtype (bf16 keeps 8
@@ -265,11 +265,14 @@ def _compiled(problem: Problem, backend: str, variant, config, bufs,
   return compiled, time.perf_counter() - t0
 
 
-def _xla_reference(problem: Problem, bufs, timer: Timer, iters: int, platform: str):
+def _xla_reference(problem: Problem, bufs, timer: Timer, iters: int, platform: str,
+                   xla_programs: str = "spread"):
   """(compiled, median ms per call, compile s, options) of the XLA program
   kernels are measured against: on a GPU, XLA's dot as it comes, or the faster
-  of its compiles with `XLA_REFERENCE_OPTIONS` if within `XLA_PICK_SPREAD` of it."""
-  options = XLA_REFERENCE_OPTIONS if platform == "gpu" else XLA_REFERENCE_OPTIONS[:1]
+  of its compiles with `XLA_REFERENCE_OPTIONS` if within `XLA_PICK_SPREAD` of it
+  (xla_programs="spread"); XLA's dot as it comes alone ("own")."""
+  spread = platform == "gpu" and xla_programs == "spread"
+  options = XLA_REFERENCE_OPTIONS if spread else XLA_REFERENCE_OPTIONS[:1]
   programs, compile_s = [], 0.0
   for opts in options:
     compiled, c_s = _compiled(problem, dispatch.FALLBACK, None, None, bufs, opts)
@@ -293,30 +296,43 @@ def relative_error(x, y):
 
 
 def _candidates(problem: Problem, backends: Iterable[str], max_candidates: int | None = None):
-  """(backend, variant, config, why not) of each backend's candidates, in its order; at most
-  `max_candidates` per backend that pass `check` (None: all)."""
+  """(backend, variant, config, why not) of the backends' candidates, taking turns (each
+  backend's first, then each one's second, ...: a time budget that runs out leaves
+  every backend its most promising); at most `max_candidates` per backend that pass
+  `check` (None: all)."""
   usable = registry.backends(problem.op)
-  for name in backends:
-    if name not in usable:
+  queues = [_backend_candidates(problem, name, max_candidates)
+            for name in backends if name in usable]
+  while queues:
+    for queue in list(queues):
+      for item in queue:
+        yield item
+        if item[3] is None:
+          break   # this backend's turn is over
+      else:
+        queues.remove(queue)
+
+
+def _backend_candidates(problem: Problem, name: str, max_candidates: int | None):
+  """One backend's candidates for `_candidates`, in its own order."""
+  b = registry.get_backend(name, problem.op)
+  seen, passed = set(), 0
+  for variant, config in b.tuning_candidates(problem):
+    if (variant, config) in seen:
       continue
-    b = registry.get_backend(name, problem.op)
-    seen, passed = set(), 0
-    for variant, config in b.tuning_candidates(problem):
-      if (variant, config) in seen:
-        continue
-      if max_candidates is not None and passed >= max_candidates:
-        break
-      seen.add((variant, config))
-      try:
-        b.check(problem, variant, config)
-      except NotImplementedError as e:
-        yield name, variant, config, f"unsupported: {e}"
-        continue
-      except ValueError as e:
-        yield name, variant, config, f"invalid: {e}"
-        continue
-      passed += 1
-      yield name, variant, config, None
+    if max_candidates is not None and passed >= max_candidates:
+      break
+    seen.add((variant, config))
+    try:
+      b.check(problem, variant, config)
+    except NotImplementedError as e:
+      yield name, variant, config, f"unsupported: {e}"
+      continue
+    except ValueError as e:
+      yield name, variant, config, f"invalid: {e}"
+      continue
+    passed += 1
+    yield name, variant, config, None
 
 
 def _xla_variant(problem: Problem) -> str:
@@ -338,6 +354,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
              cache_path: str | Path | None = "default", retune: bool = False, seed: int = 0,
              log: Callable[[str], Any] | None = print, max_candidates: int | None = None,
              keep_partial: bool = False, timer: Timer | None = None,
+             xla_programs: str = "spread", max_rotate: int = MAX_ROTATE,
              **kwargs) -> TuningReport:
   """Tunes the GEMMs of `fn(*args, **kwargs)` (and/or `problems`); stores the winners.
 
@@ -365,6 +382,13 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
       timed (its XLA record says it did not finish); by default it is left
       for the next run.
     timer: times the programs (default: CUPTI on a GPU, else wall clock).
+    xla_programs: "spread" (default) measures kernels against the XLA program a
+      user's process may get (`XLA_PICK_SPREAD`: two compiles of XLA's dot);
+      "own" against XLA's dot as this process compiles it (one compile: what
+      `jaxgemm.measure` uses, for the process that will run the pick).
+    max_rotate: at most this many input sets rotate for a problem smaller than
+      about twice the L2 (fewer compile faster; operands of the sets then may
+      share the L2, for XLA's program and the kernels alike).
 
   Returns:
     A `TuningReport` (`.summary()` prints it).
@@ -379,6 +403,10 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
   """
   t_start = time.perf_counter()
   _check_knobs(iters=iters, time_budget_s=time_budget_s, seed=seed)
+  if xla_programs not in ("spread", "own"):
+    raise ValueError(f"autotune's xla_programs={xla_programs!r} must be 'spread' or 'own'")
+  if not (isinstance(max_rotate, int) and max_rotate >= 1):
+    raise ValueError(f"autotune's max_rotate={max_rotate!r} must be an int of at least 1")
   if max_candidates is not None and not (isinstance(max_candidates, int) and max_candidates >= 1):
     raise ValueError(f"autotune's max_candidates={max_candidates!r} must be an int of at least "
                      f"1 (candidates per backend per problem) or None for all")
@@ -419,9 +447,10 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     # As in the benchmark, a problem smaller than about twice the L2 rotates
     # among input sets, so that no timed call finds part of the last call's
     # operands in L2 (how much it finds depends on each kernel's access order).
-    sets = rotation(problem.min_bytes, l2_bytes(kind)) if platform == "gpu" else 1
+    sets = rotation(problem.min_bytes, l2_bytes(kind), max_rotate) if platform == "gpu" else 1
     bufs = _inputs(problem, seed + i, sets)
-    compiled, xla_ms, c_s, xla_options = _xla_reference(problem, bufs, timer, iters, platform)
+    compiled, xla_ms, c_s, xla_options = _xla_reference(problem, bufs, timer, iters, platform,
+                                                        xla_programs)
     ref = jax.block_until_ready(compiled(*bufs))
     xla_ms /= sets
     report.xla_ms[problem] = xla_ms
