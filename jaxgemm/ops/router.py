@@ -53,8 +53,9 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
       NamedSharding, or a PartitionSpec under `jax.set_mesh`), as for
       `jnp.matmul`; needed where K is sharded and the result's sharding is
       ambiguous. None: the rule's (see README, "Sharding").
-    backend: "auto" (the fastest known choice; `lax.dot_general` for whatever
-      the kernels do not take), or one of `jaxgemm.backends()`.
+    backend: "auto" (on a GPU, measured when first compiled: `jaxgemm.measure`;
+      the fastest known choice, `lax.dot_general` for whatever the kernels do
+      not take), or one of `jaxgemm.backends()`.
     variant: a kernel of the backend, one of `jaxgemm.variants(backend)`;
       None picks the backend's best.
     config: the backend's config dataclass, e.g. `jaxgemm.TritonConfig(...)`;

@@ -87,8 +87,9 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     group_sizes: (G,) integer array, rows per group.
     precision, preferred_element_type: as for `lax.ragged_dot` (the result dtype;
       accumulation is float32).
-    backend: "auto" (a kernel where one is known to beat XLA on this device,
-      else `lax.ragged_dot`), or one of `jaxgemm.backends("ragged_dot")`.
+    backend: "auto" (on a GPU, measured when first compiled on a routing that
+      spreads the rows over the groups: `jaxgemm.measure`; the fastest known
+      choice, else `lax.ragged_dot`), or one of `jaxgemm.backends("ragged_dot")`.
     variant, config: a kernel of the backend and its config
       (`jaxgemm.RaggedDotTritonConfig(...)`, `jaxgemm.RaggedDotPallasConfig(...)`);
       None picks them for the problem.

@@ -110,8 +110,9 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
       `jnp.matmul`: needed where K is sharded on both operands and the result's
       sharding is ambiguous (jax's ShardingTypeError says so). None: the
       sharding `lax.dot_general` gives the product.
-    backend: "auto" (the fastest known choice; XLA's program where nothing is
-      known), or one of `jaxgemm.backends("scaled_matmul")`.
+    backend: "auto" (on a GPU, measured when first compiled: `jaxgemm.measure`;
+      the fastest known choice, XLA's program where nothing is known), or one of
+      `jaxgemm.backends("scaled_matmul")`.
     variant, config: a kernel of the backend and its config, as for `jaxgemm.matmul`.
 
   Not differentiable (`jax.grad` raises): to train in FP8, differentiate through
