@@ -121,14 +121,16 @@ def suite_table(run, suite: str) -> list[str]:
     if a is not None and a["status"] == "ok" and num(a["speedup_vs_xla"]) < DEFAULT_FLOOR:
       cell = f"**{cell}**"
     row = [p["problem"], group_of(p["problem"]), f"{g}{p['m']}x{p['k']}x{p['n']}{b}",
-           p.get("scaling") or p["dtype"], p.get("mode") or p["layout"], xla, cell,
+           p.get("scaling") or p["dtype"],
+           (p.get("mode") or p["layout"]) + (f" ({p['problem_note']})" if p.get("problem_note")
+                                             else ""), xla, cell,
            (a or {}).get("chosen") or "-"]
     for backend in bs:
       x = [r for r in run.kernel_rows(suite, p["problem"]) if r["backend"] == backend]
       row.append("/".join(fmt_x(num(r["speedup_vs_xla"])) if r["status"] == "ok"
                           else r["status"] for r in x) or "-")
     rows.append(row)
-  return table(["problem", "group", "MxKxN", "dtype/scales", "layout/mode", "XLA",
+  return table(["problem", "group", "MxKxN", "dtype/scales", "layout/mode (routing)", "XLA",
                 f"auto vs XLA (bold below {DEFAULT_FLOOR:.2f}x)", "auto chose",
                 *[f"{b} own choice vs XLA" for b in bs]], rows)
 

@@ -100,7 +100,7 @@ def split_of(ident: str) -> str:
   """'heldout' for one problem in HELDOUT_ONE_IN (by a hash of its identity), else 'fit'.
 
   >>> split_of("matmul|bfloat16->bfloat16|default|NN|1x128x128x128")
-  'fit'
+  'heldout'
   """
   h = int(hashlib.sha256(ident.encode()).hexdigest()[:12], 16)
   return "heldout" if h % HELDOUT_ONE_IN == 0 else "fit"
