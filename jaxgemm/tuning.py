@@ -402,6 +402,9 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     1
   """
   t_start = time.perf_counter()
+  if fn is None and (args or kwargs):
+    raise TypeError(f"autotune got example arguments for no fn (positional: {len(args)}, "
+                    f"keywords: {sorted(kwargs)}); pass fn first, or problems= alone")
   _check_knobs(iters=iters, time_budget_s=time_budget_s, seed=seed)
   if xla_programs not in ("spread", "own"):
     raise ValueError(f"autotune's xla_programs={xla_programs!r} must be 'spread' or 'own'")

@@ -47,11 +47,9 @@ The tuning file itself is in the shipped tables' format (jaxgemm/tables/).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import dataclasses
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -70,7 +68,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jaxgemm  # noqa: E402
-from jaxgemm import dispatch, registry, tuning_cache  # noqa: E402
+from jaxgemm import dispatch, measure, registry, tuning_cache  # noqa: E402
 from jaxgemm.ops.activations import ACTIVATIONS  # noqa: E402
 
 DEFAULT_DIR = ROOT / "research" / "sweep" / "data"
@@ -449,44 +447,14 @@ def is_done(problem, kind: str, cache: Path) -> bool:
 
 # ---------------------------------------------------------------- run
 
-@contextlib.contextmanager
-def first_candidates(n: int | None):
-  """Each backend's `tuning_candidates` cut to its first `n`, while in the block: for an
-  `autotune` without a `max_candidates` knob (the measuring path times only the first
-  few candidates of each backend; the sweep measures what it would)."""
-  if n is None:
-    yield
-    return
-  patched = []
-  for op in registry.ops():
-    for name in registry.backends(op):
-      b = registry.get_backend(name, op)
-      if "tuning_candidates" in vars(b):
-        continue
-      full = b.tuning_candidates
-      b.tuning_candidates = lambda problem, _full=full: list(_full(problem))[:n]
-      patched.append(b)
-  try:
-    yield
-  finally:
-    for b in patched:
-      del b.tuning_candidates
-
-
 def autotune_chunk(chunk, backends, cache: Path, budget_s: float, iters, max_candidates, log):
-  """`jaxgemm.autotune` on `chunk`, its backends' first `max_candidates` candidates each."""
+  """`jaxgemm.autotune` on `chunk`, its backends' first `max_candidates` candidates each
+  (what `jaxgemm.measure` times at a first compile, with the first sets rotated no more
+  than it does), against the XLA program a user's process may get (`XLA_PICK_SPREAD`)."""
   usable = [b for b in backends if any(b in registry.backends(p.op) for p in chunk)]
-  kw = dict(problems=chunk, backends=usable, cache_path=cache, time_budget_s=budget_s,
-            iters=iters, log=log)
-  if max_candidates is None:
-    return jaxgemm.autotune(**kw)
-  # Not a `try: autotune(..., max_candidates=n) except TypeError`: autotune passes
-  # keywords it does not know to `fn` (`**kwargs`), so with problems= alone one it lacks
-  # is ignored in silence, never refused.
-  if "max_candidates" in inspect.signature(jaxgemm.autotune).parameters:
-    return jaxgemm.autotune(**kw, max_candidates=max_candidates)
-  with first_candidates(max_candidates):
-    return jaxgemm.autotune(**kw)
+  return jaxgemm.autotune(problems=chunk, backends=usable, cache_path=cache,
+                          time_budget_s=budget_s, iters=iters, log=log,
+                          max_candidates=max_candidates, max_rotate=measure.MAX_ROTATE)
 
 
 class Log:
@@ -733,12 +701,12 @@ def main(argv=None) -> int:
     p.add_argument("--backends", default=None,
                    help="comma-separated kernel backends (default: every usable one); XLA "
                         "is always timed ('xla' alone: no kernel backend)")
-    p.add_argument("--max-candidates-per-backend", type=int, default=4,
+    p.add_argument("--max-candidates-per-backend", type=int, default=3,
                    help="time only the first N of each backend's tuning_candidates (what "
                         "the measuring path times; default %(default)s; 0: all)")
     p.add_argument("--chunk", type=int, default=8, help="problems per autotune call")
-    p.add_argument("--iters", type=int, default=None,
-                   help="timed calls per candidate (default: autotune's, 20 on a GPU)")
+    p.add_argument("--iters", type=int, default=10,
+                   help="timed calls per candidate (default %(default)s, as jaxgemm.measure)")
     p.add_argument("--ops", default="", help="comma-separated ops to sweep (default: all)")
   args = ap.parse_args(argv)
   if args.cmd == "run":
