@@ -64,45 +64,15 @@ from .runner import (AUTO, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL, STATUS_O
 
 SUITE = "sharded"
 STEP_NAME = "sharded.step"
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-_COLLECTIVE = re.compile(r"=\s*(\S.*?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_ARRAY_TYPE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f32": 4, "s32": 4,
-          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+# How a compiled program's collectives are read (kind, result type, bytes on one device)
+# is jaxgemm.sharding's, shared with the tests: `collectives` counts them, per kind
+# `collective_totals` sums them.
+COLLECTIVES = sharding.COLLECTIVES
+collectives = sharding.hlo_collectives
+collective_totals = sharding.collective_totals
 
 
 # ---------------------------------------------------------------- compiled programs
-
-def collectives(hlo: str) -> Counter:
-  """Counter of (kind, operand type) of every collective a compiled HLO text holds.
-
-  >>> hlo = "%ar = bf16[64,48]{1,0} all-reduce(%p), channel_id=1, to_apply=%add"
-  >>> dict(collectives(hlo))
-  {('all-reduce', 'bf16[64,48]'): 1}
-  """
-  found = Counter()
-  for m in _COLLECTIVE.finditer(hlo):
-    kind_type = re.sub(r"\{[^}]*\}", "", m.group(1)).strip()
-    found[(m.group(2), kind_type)] += 1
-  return found
-
-
-def _type_bytes(type_text: str) -> int:
-  return sum(_BYTES.get(dtype, 1) * math.prod(int(d) for d in dims.split(",") if d)
-             for dtype, dims in _ARRAY_TYPE.findall(type_text))
-
-
-def collective_totals(found: Counter) -> dict[str, tuple[int, int]]:
-  """{kind: (ops, bytes of their results on one device)}: what two programs are compared
-  by. XLA combines collectives into tuples and may lay a gradient out transposed, so
-  the op list of two equivalent programs can differ where the kinds and bytes do not."""
-  totals: dict[str, list[int]] = {}
-  for (kind, type_text), n in found.items():
-    t = totals.setdefault(kind, [0, 0])
-    t[0] += n
-    t[1] += n * _type_bytes(type_text)
-  return {k: tuple(v) for k, v in sorted(totals.items())}
-
 
 def describe_collectives(found: Counter) -> str:
   """'all-reduce 8 ops 21.3 MB; ...' per kind, or 'none'.
@@ -168,7 +138,7 @@ def compile_program(fn, args, out_shardings=None, hlo_file=None) -> Program:
   if hlo_file is not None:
     hlo_file.parent.mkdir(parents=True, exist_ok=True)
     hlo_file.write_text("".join(line.strip() + "\n" for line in hlo.splitlines()
-                                if _COLLECTIVE.search(line)))
+                                if sharding.COLLECTIVE_OP.search(line)))
   return Program(compiled, collectives(hlo), memory_per_device(compiled),
                  sorted({x.problem.describe() for x in seen}), time.perf_counter() - t0,
                  custom_calls(hlo))
