@@ -7,6 +7,11 @@ An op declares how its dimensions relate, as an einsum over named factors
 * every factor keeps the mesh axes its operand is sharded on, so no sharded
   operand is gathered: a factor of the result (batch, M, N) splits the
   problem into independent local problems, with no communication;
+* where the operands' shardings conflict (M and N on one mesh axis: x on tokens
+  and W on columns in Megatron's sequence parallelism), something must move,
+  and the plan is the resolution that moves the fewest bytes, from the global
+  shapes and dtypes (`plan`, `moved_bytes`): the smaller operand is gathered,
+  as XLA's partitioner does (issue 44);
 * a contracted factor (K) that is sharded leaves a partial result on each
   device: the mechanism adds one `psum` (all-reduce), or a `psum_scatter`
   (reduce-scatter) where the requested result is sharded on those axes;
