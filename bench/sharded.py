@@ -1,7 +1,8 @@
 """The `sharded` suite: jaxgemm on a mesh of every device, against XLA's dot on the same mesh.
 
-    python -m bench --suite sharded                       # the training step, then the layouts
+    python -m bench --suite sharded                       # the step, the layouts, the MLP
     python -m bench --suite sharded --only 'sharded.step' # the training step alone
+    python -m bench --suite sharded --only 'sharded.mlp-sp.*' --backends auto   # the MLP
 
 Every row compiles two programs of the same expression for the same mesh, the
 same placed inputs and the same output shardings: one calls jaxgemm (a backend,
@@ -27,6 +28,13 @@ The layouts (`layouts`) are the sharding issue's, at the sizes of an LLM's MLP
 devices: data parallel (M split), column parallel (N), row parallel (K split and
 an all-reduce), row parallel into a sequence-sharded result (K split and a
 reduce-scatter), and experts (a batch of 8 experts split).
+
+The Megatron sequence-parallel MLP (`MlpConfig`, issue 44), gelu(x @ W1) @ W2 at
+Llama-3-8B and Llama-3-70B sizes on a 1-D mesh `tp` of all devices: x split on tokens,
+W1 on columns, W2 on rows, the result on tokens. Its operands' shardings conflict (tokens
+and columns on one axis), so one operand must move: XLA gathers x, the smaller. Each
+model has a forward row (`fwd`) and a forward-and-backward one (`fwd+bwd`: y, dx, dW1
+and dW2 through `jax.vjp`), each with both programs' times and collective bytes.
 
 The training step (`StepConfig`) is a stack of Megatron-style transformer blocks
 on a (data, model) mesh: q/k/v and the MLP's up projection column-parallel, the
@@ -64,45 +72,15 @@ from .runner import (AUTO, REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL, STATUS_O
 
 SUITE = "sharded"
 STEP_NAME = "sharded.step"
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-_COLLECTIVE = re.compile(r"=\s*(\S.*?)\s+(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
-_ARRAY_TYPE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
-_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "f32": 4, "s32": 4,
-          "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+# How a compiled program's collectives are read (kind, result type, bytes on one device)
+# is jaxgemm.sharding's, shared with the tests: `collectives` counts them, per kind
+# `collective_totals` sums them.
+COLLECTIVES = sharding.COLLECTIVES
+collectives = sharding.hlo_collectives
+collective_totals = sharding.collective_totals
 
 
 # ---------------------------------------------------------------- compiled programs
-
-def collectives(hlo: str) -> Counter:
-  """Counter of (kind, operand type) of every collective a compiled HLO text holds.
-
-  >>> hlo = "%ar = bf16[64,48]{1,0} all-reduce(%p), channel_id=1, to_apply=%add"
-  >>> dict(collectives(hlo))
-  {('all-reduce', 'bf16[64,48]'): 1}
-  """
-  found = Counter()
-  for m in _COLLECTIVE.finditer(hlo):
-    kind_type = re.sub(r"\{[^}]*\}", "", m.group(1)).strip()
-    found[(m.group(2), kind_type)] += 1
-  return found
-
-
-def _type_bytes(type_text: str) -> int:
-  return sum(_BYTES.get(dtype, 1) * math.prod(int(d) for d in dims.split(",") if d)
-             for dtype, dims in _ARRAY_TYPE.findall(type_text))
-
-
-def collective_totals(found: Counter) -> dict[str, tuple[int, int]]:
-  """{kind: (ops, bytes of their results on one device)}: what two programs are compared
-  by. XLA combines collectives into tuples and may lay a gradient out transposed, so
-  the op list of two equivalent programs can differ where the kinds and bytes do not."""
-  totals: dict[str, list[int]] = {}
-  for (kind, type_text), n in found.items():
-    t = totals.setdefault(kind, [0, 0])
-    t[0] += n
-    t[1] += n * _type_bytes(type_text)
-  return {k: tuple(v) for k, v in sorted(totals.items())}
-
 
 def describe_collectives(found: Counter) -> str:
   """'all-reduce 8 ops 21.3 MB; ...' per kind, or 'none'.
@@ -168,7 +146,7 @@ def compile_program(fn, args, out_shardings=None, hlo_file=None) -> Program:
   if hlo_file is not None:
     hlo_file.parent.mkdir(parents=True, exist_ok=True)
     hlo_file.write_text("".join(line.strip() + "\n" for line in hlo.splitlines()
-                                if _COLLECTIVE.search(line)))
+                                if sharding.COLLECTIVE_OP.search(line)))
   return Program(compiled, collectives(hlo), memory_per_device(compiled),
                  sorted({x.problem.describe() for x in seen}), time.perf_counter() - t0,
                  custom_calls(hlo))
@@ -312,60 +290,172 @@ def run_layouts(ctx: Context, timer: PipelinedWallTimer, backends: list[str], si
   devices = jax.devices()
   mesh = jax.make_mesh((len(devices),), ("x",), axis_types=(AxisType.Auto,))
   dtype = BP.dtype_of(ctx.dtype_name)
-  tol = TOLERANCE[ctx.dtype_name]
   rows = []
   for i, lay in enumerate(layouts(size)):
     if not only(lay.name):
       continue
-    ref_row = _row(ctx, timer, lay.name, "sharded_gemm", REF, REF_VARIANT, mesh)
-    ref_row.update(batch=lay.batch or 1, m=lay.m, k=lay.k, n=lay.n, layout="NN",
-                   flops=lay.flops, problem_note=lay.what)
-    if ctx.out_of_time():
-      ref_row.update(status=STATUS_SKIPPED, note=f"not run: --time-budget {ctx.time_budget_s:g} s spent")
-      ctx.emit(ref_row)
-      rows.append(ref_row)
-      continue
+    fields = dict(batch=lay.batch or 1, m=lay.m, k=lay.k, n=lay.n, layout="NN",
+                  flops=lay.flops, problem_note=lay.what)
     ctx.log(f"[{lay.name}] {lay.what}: {lay.shapes()[0]} {lay.a_spec} @ {lay.shapes()[1]} "
             f"{lay.b_spec} on {len(devices)} devices")
-    key_a, key_b = jax.random.split(jax.random.PRNGKey(ctx.seed + i))
-    a_shape, b_shape = lay.shapes()
-    a = _normal(key_a, a_shape, dtype, lay.a_spec, mesh)
-    b = _normal(key_b, b_shape, dtype, lay.b_spec, mesh, scale=1 / math.sqrt(lay.k))
+
+    def make_args(i=i, lay=lay):
+      key_a, key_b = jax.random.split(jax.random.PRNGKey(ctx.seed + i))
+      a_shape, b_shape = lay.shapes()
+      return (_normal(key_a, a_shape, dtype, lay.a_spec, mesh),
+              _normal(key_b, b_shape, dtype, lay.b_spec, mesh, scale=1 / math.sqrt(lay.k)))
     out_sh = None if lay.out_spec is None else NamedSharding(mesh, lay.out_spec)
-    with jax.set_mesh(mesh):
-      ref = compile_program(jnp.matmul, (a, b), out_sh, _hlo_file(hlo_dir, lay.name, REF))
-      want = ref.compiled(a, b)
-      ref_row.update(status=STATUS_OK, **_program_fields(ref, None))
-      ref_times = []
-      for backend in backends:
-        row = _row(ctx, timer, lay.name, "sharded_gemm", backend, "default" if backend == AUTO
-                   else "(default)", mesh)
-        row.update({k: ref_row[k] for k in ("batch", "m", "k", "n", "layout", "flops",
-                                            "problem_note")})
-        if excluded(ctx.exclude, backend, row["variant"], lay.name) or _cannot_run_here(
-            ctx, backend):
-          row.update(status=STATUS_SKIPPED, note=_cannot_run_here(ctx, backend) or "--exclude")
-        else:
-          try:
-            prog = compile_program(_dots(backend)[0], (a, b), out_sh,
-                                   _hlo_file(hlo_dir, lay.name, backend))
-            got = prog.compiled(a, b)
-            err = float(_rel_err(got, want))
-            row.update(_program_fields(prog, ref), tolerance=tol, note=f"rel_err {err:.2e}")
-            if not err <= tol:
-              row.update(status=STATUS_FAIL, error=f"relative error {err:.3e} > {tol:g}")
-            else:
-              row.update(_timed(timer, prog, ref, (a, b), ctx.iters, lay.flops, ref_times))
-          except Exception as e:  # noqa: BLE001 (one backend's failure is a row, not the end)
-            row.update(status=STATUS_ERROR, error=short_error(e))
-        ctx.log(f"  {backend:>8}: {_describe(row)}")
-        ctx.emit(row)
-        rows.append(row)
-      if ref_times:
-        ref_row.update(_time_fields(summarize(ref_times), lay.flops))
-      ctx.log(f"  {REF:>8}: {_describe(ref_row)}")
-      ctx.emit(ref_row)
-      rows.append(ref_row)
+    rows += _rows_against_xla(ctx, timer, mesh, backends, lay.name, fields,
+                              lambda backend: _dots(backend)[0], make_args, out_sh, hlo_dir)
+  return rows
+
+
+def _rows_against_xla(ctx: Context, timer: PipelinedWallTimer, mesh, backends: list[str],
+                      problem: str, fields: dict, program: Callable, make_args: Callable,
+                      out_shardings, hlo_dir=None) -> list[dict]:
+  """One problem's rows: XLA's program (`program(None)`, jnp / lax) and each backend's
+  (`program(backend)`), compiled for the same placed inputs (`make_args()`) and output
+  shardings, checked against XLA's results (every output: the relative Frobenius error
+  against the dtype's tolerance) and timed interleaved with it. XLA's row comes last."""
+  tol = TOLERANCE[ctx.dtype_name]
+  ref_row = _row(ctx, timer, problem, "sharded_gemm", REF, REF_VARIANT, mesh)
+  ref_row.update(fields)
+  if ctx.out_of_time():
+    ref_row.update(status=STATUS_SKIPPED,
+                   note=f"not run: --time-budget {ctx.time_budget_s:g} s spent")
+    ctx.emit(ref_row)
+    return [ref_row]
+  args = make_args()
+  rows, ref_times = [], []
+  with jax.set_mesh(mesh):
+    ref = compile_program(program(None), args, out_shardings, _hlo_file(hlo_dir, problem, REF))
+    want = jax.tree.leaves(ref.compiled(*args))
+    ref_row.update(status=STATUS_OK, **_program_fields(ref, None))
+    for backend in backends:
+      row = _row(ctx, timer, problem, "sharded_gemm", backend,
+                 "default" if backend == AUTO else "(default)", mesh)
+      row.update(fields)
+      if excluded(ctx.exclude, backend, row["variant"], problem) or _cannot_run_here(
+          ctx, backend):
+        row.update(status=STATUS_SKIPPED, note=_cannot_run_here(ctx, backend) or "--exclude")
+      else:
+        try:
+          prog = compile_program(program(backend), args, out_shardings,
+                                 _hlo_file(hlo_dir, problem, backend))
+          got = jax.tree.leaves(prog.compiled(*args))
+          err = max(float(_rel_err(g, w)) for g, w in zip(got, want))
+          what = "rel_err" if len(got) == 1 else f"max rel_err of {len(got)} results"
+          row.update(_program_fields(prog, ref), tolerance=tol, note=f"{what} {err:.2e}")
+          if len(got) > 1:
+            row["grad_rel_err"] = err
+          if not err <= tol:
+            row.update(status=STATUS_FAIL, error=f"relative error {err:.3e} > {tol:g}")
+          else:
+            row.update(_timed(timer, prog, ref, args, ctx.iters, fields["flops"], ref_times))
+        except Exception as e:  # noqa: BLE001 (one backend's failure is a row, not the end)
+          row.update(status=STATUS_ERROR, error=short_error(e))
+      ctx.log(f"  {backend:>8}: {_describe(row)}")
+      ctx.emit(row)
+      rows.append(row)
+    if ref_times:
+      ref_row.update(_time_fields(summarize(ref_times), fields["flops"]))
+    ctx.log(f"  {REF:>8}: {_describe(ref_row)}")
+    ctx.emit(ref_row)
+  return rows + [ref_row]
+
+
+# ---------------------------------------------------------------- the Megatron-SP MLP
+
+
+@dataclasses.dataclass(frozen=True)
+class MlpConfig:
+  """The Megatron sequence-parallel MLP, gelu(x @ W1) @ W2, on a 1-D mesh `tp` of every
+  device (`MLP_SPECS`): x (tokens, d_model) split on tokens, W1 (d_model, d_ff) on its
+  columns, W2 (d_ff, d_model) on its rows, the result split on tokens again."""
+
+  name: str
+  model: str
+  tokens: int
+  d_model: int
+  d_ff: int
+
+  def problem(self, form: str) -> str:
+    return f"{self.name}.{form}"
+
+  def flops(self, form: str) -> int:
+    """Two GEMMs forward; with the backward, each GEMM's two gradients besides."""
+    return (3 if form == MLP_TRAINING else 1) * 2 * 2 * self.tokens * self.d_model * self.d_ff
+
+
+# Issue 44 measured the 70B MLP's forward on 4 x H100 at c3e0863: XLA 3.35 ms, jaxgemm
+# 4.57 ms (the partitioning rule gathered W1, 470 MB, where XLA gathers x, 128 MB).
+MLPS = {
+    "llm": [MlpConfig("sharded.mlp-sp.llama3-8b", "Llama-3-8B", 8192, 4096, 14336),
+            MlpConfig("sharded.mlp-sp.llama3-70b", "Llama-3-70B", 8192, 8192, 28672)],
+    # The same proportions (W1 3.5 times x), small enough for XLA:CPU on 8 devices.
+    "cpu": [MlpConfig("sharded.mlp-sp.llama3-8b", "Llama-3-8B (tiny)", 64, 32, 112),
+            MlpConfig("sharded.mlp-sp.llama3-70b", "Llama-3-70B (tiny)", 64, 64, 224)],
+    "test": [MlpConfig("sharded.mlp-sp.llama3-8b", "Llama-3-8B (test)", 512, 256, 896),
+             MlpConfig("sharded.mlp-sp.llama3-70b", "Llama-3-70B (test)", 512, 512, 1792)],
+}
+MLP_SPECS = dict(x=P("tp", None), w1=P(None, "tp"), w2=P("tp", None), out=P("tp", None))
+MLP_FORWARD, MLP_TRAINING = "fwd", "fwd+bwd"
+
+
+def mlp_names(size: str) -> list[str]:
+  """The MLP rows' problem names at `size`."""
+  return [cfg.problem(form) for cfg in MLPS[size] for form in (MLP_FORWARD, MLP_TRAINING)]
+
+
+def mlp_program(matmul, form: str) -> Callable:
+  """The MLP with `matmul`: the forward (x, W1, W2) -> y, or forward and backward
+  (x, W1, W2, dy) -> (y, dx, dW1, dW2) (`jax.vjp` with the cotangent dy)."""
+  forward = lambda x, w1, w2: matmul(jax.nn.gelu(matmul(x, w1)), w2)
+  if form == MLP_FORWARD:
+    return forward
+
+  def training(x, w1, w2, dy):
+    y, vjp = jax.vjp(forward, x, w1, w2)
+    return (y, *vjp(dy))
+  return training
+
+
+def run_mlps(ctx: Context, timer: PipelinedWallTimer, backends: list[str], size: str = "llm",
+             only: Callable[[str], bool] = lambda name: True, hlo_dir=None) -> list[dict]:
+  """The Megatron-SP MLP at each model's sizes, forward and forward + backward, on
+  `jaxgemm.matmul` (each backend) against jnp.matmul's program; a row each."""
+  devices = jax.devices()
+  mesh = jax.make_mesh((len(devices),), ("tp",), axis_types=(AxisType.Auto,))
+  dtype = BP.dtype_of(ctx.dtype_name)
+  sh = {name: NamedSharding(mesh, spec) for name, spec in MLP_SPECS.items()}
+  rows = []
+  for i, cfg in enumerate(MLPS[size]):
+    for form in (MLP_FORWARD, MLP_TRAINING):
+      problem = cfg.problem(form)
+      if not only(problem):
+        continue
+      what = (f"Megatron sequence-parallel MLP gelu(x @ W1) @ W2, {form}, {cfg.model}: "
+              f"x ({cfg.tokens}, {cfg.d_model}) on tokens, W1 ({cfg.d_model}, {cfg.d_ff}) on "
+              f"columns, W2 on rows, y on tokens, over tp={len(devices)}")
+      ctx.log(f"[{problem}] {what}")
+      fields = dict(batch=1, m=cfg.tokens, k=cfg.d_model, n=cfg.d_ff, layout="NN",
+                    flops=cfg.flops(form), problem_note=what)
+
+      def make_args(i=i, cfg=cfg, form=form):
+        keys = jax.random.split(jax.random.PRNGKey(ctx.seed + 100 + i), 4)
+        args = (_normal(keys[0], (cfg.tokens, cfg.d_model), dtype, MLP_SPECS["x"], mesh),
+                _normal(keys[1], (cfg.d_model, cfg.d_ff), dtype, MLP_SPECS["w1"], mesh,
+                        scale=1 / math.sqrt(cfg.d_model)),
+                _normal(keys[2], (cfg.d_ff, cfg.d_model), dtype, MLP_SPECS["w2"], mesh,
+                        scale=1 / math.sqrt(cfg.d_ff)))
+        if form == MLP_TRAINING:
+          args += (_normal(keys[3], (cfg.tokens, cfg.d_model), dtype, MLP_SPECS["out"], mesh),)
+        return args
+      out_sh = (sh["out"] if form == MLP_FORWARD
+                else (sh["out"], sh["x"], sh["w1"], sh["w2"]))
+      rows += _rows_against_xla(ctx, timer, mesh, backends, problem, fields,
+                                lambda backend, form=form: mlp_program(_dots(backend)[0], form),
+                                make_args, out_sh, hlo_dir)
   return rows
 
 
@@ -593,7 +683,8 @@ def run_step(ctx: Context, timer: PipelinedWallTimer, backends: list[str], cfg: 
 
 def run_sharded_suite(ctx: Context, backends: list[str], *, size: str | None = None,
                       only: str = "", steps: int | None = None, hlo_dir=None) -> list[dict]:
-  """The training step, then the layouts (under a time budget, as many as it leaves time for).
+  """The training step, then the layouts, then the Megatron-SP MLP's rows (under a time
+  budget, as many as it leaves time for).
 
   size: a key of SIZES / STEPS (default: "llm" on a GPU, "cpu" elsewhere); `only`:
   comma-separated globs of problem names (the layouts' and `sharded.step`); `hlo_dir`:
@@ -606,7 +697,8 @@ def run_sharded_suite(ctx: Context, backends: list[str], *, size: str | None = N
   cfg = dataclasses.replace(STEPS[size], **({"steps": steps} if steps else {}))
   timer = PipelinedWallTimer()
   rows = run_step(ctx, timer, backends, cfg, hlo_dir) if wanted(STEP_NAME) else []
-  return rows + run_layouts(ctx, timer, backends, size, wanted, hlo_dir)
+  rows += run_layouts(ctx, timer, backends, size, wanted, hlo_dir)
+  return rows + run_mlps(ctx, timer, backends, size, wanted, hlo_dir)
 
 
 def run_suite(ctx: Context, suite: str, probs, backends: list[str], variants_policy,

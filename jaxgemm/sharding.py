@@ -7,6 +7,11 @@ An op declares how its dimensions relate, as an einsum over named factors
 * every factor keeps the mesh axes its operand is sharded on, so no sharded
   operand is gathered: a factor of the result (batch, M, N) splits the
   problem into independent local problems, with no communication;
+* where the operands' shardings conflict (M and N on one mesh axis: x on tokens
+  and W on columns in Megatron's sequence parallelism), something must move,
+  and the plan is the resolution that moves the fewest bytes, from the global
+  shapes and dtypes (`plan`, `moved_bytes`): the smaller operand is gathered,
+  as XLA's partitioner does (issue 44);
 * a contracted factor (K) that is sharded leaves a partial result on each
   device: the mechanism adds one `psum` (all-reduce), or a `psum_scatter`
   (reduce-scatter) where the requested result is sharded on those axes;
@@ -42,9 +47,12 @@ What jax keeps private and this module needs is looked up in one place
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
+import functools
 import importlib
+import itertools
 import math
 import re
 import threading
@@ -349,19 +357,26 @@ class Plan:
 
 def plan(rule: EinsumRule, operand_specs: Sequence[P | None], result_spec: P | None = None,
          *, result_shape: Sequence[int] | None = None,
-         axis_sizes: Mapping[str, int] | None = None) -> Plan:
-  """How to run `rule` on operands sharded as `operand_specs`, with no gather of a
-  sharded operand.
+         axis_sizes: Mapping[str, int] | None = None,
+         operand_types: Sequence[Any] | None = None, result_dtype: Any = None) -> Plan:
+  """How to run `rule` on operands sharded as `operand_specs`.
 
-  Each factor takes the mesh axes of the first operand dimension that shards it;
-  a mesh axis shards one factor only (a later use that conflicts is dropped:
-  that operand is resharded to the plan). Factors in `rule.replicated` are not
-  sharded. A sharded reduction factor leaves partial results: they are summed
-  over its axes, and scattered (reduce-scatter) into the result dimension that
-  `result_spec` shards on exactly those axes, if one does (and, when
-  `result_shape` and `axis_sizes` are given, divides evenly). A result factor
-  no operand shards takes the axes `result_spec` gives it, where they are free:
-  the operands are then sliced locally, not communicated.
+  Where the operands' shardings agree, nothing sharded is gathered: each factor
+  takes the mesh axes of the first operand dimension that shards it; a mesh axis
+  shards one factor only. Factors in `rule.replicated` are not sharded. A sharded
+  reduction factor leaves partial results: they are summed over its axes, and
+  scattered (reduce-scatter) into the result dimension that `result_spec` shards
+  on exactly those axes, if one does (and, when `result_shape` and `axis_sizes` are
+  given, divides evenly). A result factor no operand shards takes the axes
+  `result_spec` gives it, where they are free: the operands are then sliced
+  locally, not communicated.
+
+  Where they conflict (one mesh axis on two factors: x's tokens and W's columns on
+  "tp"; or one factor on two axes), something must move. With `operand_types`
+  (each operand's GLOBAL shape and dtype: arrays or jax.ShapeDtypeStruct) and
+  `axis_sizes`, the plan is then the resolution that moves the fewest bytes
+  (`moved_bytes`), as XLA's SPMD partitioner resolves a dot's; without them, the
+  first operand's sharding wins and the other is resharded.
 
   >>> from jax.sharding import PartitionSpec as P
   >>> rule = EinsumRule.parse("m k, k n -> m n")
@@ -370,10 +385,46 @@ def plan(rule: EinsumRule, operand_specs: Sequence[P | None], result_spec: P | N
   >>> p = plan(rule, [P(None, "d"), P("d", None)], P("d", None))   # K split, M out
   >>> p.reduce_axes, p.scatter_dim, p.result
   (('d',), 0, P('d', None))
+
+  Sequence parallel into a column-parallel weight, both on "tp": x (8192, 8192) is
+  smaller than W (8192, 28672), so x is gathered and W stays split:
+
+  >>> import jax, jax.numpy as jnp
+  >>> types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((8192, 8192), (8192, 28672))]
+  >>> plan(rule, [P("tp", None), P(None, "tp")], operand_types=types,
+  ...      axis_sizes={"tp": 4}).operands
+  (P(None, None), P(None, 'tp'))
   """
   if len(operand_specs) != len(rule.operands):
     raise ValueError(f"operand_specs has {len(operand_specs)} entries; "
                      f"rule {rule} takes {len(rule.operands)} operands")
+  if operand_types is not None and len(operand_types) != len(rule.operands):
+    raise ValueError(f"operand_types has {len(operand_types)} entries; "
+                     f"rule {rule} takes {len(rule.operands)} operands")
+  first_wins = _first_operand_wins(rule, operand_specs, result_spec, result_shape, axis_sizes)
+  if operand_types is None or axis_sizes is None or not _operands_conflict(rule, operand_specs):
+    return first_wins
+  # Issue 44: on 4 x H100 (commit c3e0863) the Megatron sequence-parallel MLP at
+  # Llama-3-70B sizes (x (8192, 8192) on tokens over "tp", W1 (8192, 28672) on
+  # columns over "tp") ran its forward in 4.57 ms with the first operand winning
+  # (x kept, W1 gathered: 470 MB) against XLA's 3.35 ms (x gathered: 128 MB).
+  # Every resolution that keeps the most devices busy is costed; the cheapest wins,
+  # the first-operand plan on a tie.
+  cost = functools.partial(moved_bytes, operand_specs=operand_specs,
+                           operand_types=operand_types, result_spec=result_spec,
+                           result_shape=result_shape, result_dtype=result_dtype,
+                           axis_sizes=axis_sizes)
+  candidates = [first_wins, *_resolutions(rule, operand_specs, result_spec, result_shape,
+                                          axis_sizes)]
+  devices_busy = lambda p: math.prod(axis_sizes[a] for axes in p.factor_axes.values()
+                                     for a in axes)
+  most = max(map(devices_busy, candidates))
+  return min((p for p in candidates if devices_busy(p) == most), key=cost)
+
+
+def _first_operand_wins(rule, operand_specs, result_spec, result_shape, axis_sizes) -> Plan:
+  """The plan that keeps every operand sharding it can, operands in order: a mesh
+  axis or a factor already taken drops a later operand's use of it."""
   factor_axes: dict[str, tuple[str, ...]] = {}
   used: set[str] = set()
 
@@ -387,22 +438,144 @@ def plan(rule: EinsumRule, operand_specs: Sequence[P | None], result_spec: P | N
     for factor, entry in zip(dims, padded_spec(spec, len(dims))):
       claim(factor, _axes_of(entry))
 
-  result_entries = padded_spec(result_spec, len(rule.result))
   reduce_axes = tuple(a for f in rule.reduction for a in factor_axes.get(f, ()))
-  scatter_dim = None
-  if reduce_axes:
-    for dim, (factor, entry) in enumerate(zip(rule.result, result_entries)):
-      if factor in factor_axes or _axes_of(entry) != reduce_axes:
-        continue
-      shards = math.prod(axis_sizes[a] for a in reduce_axes) if axis_sizes else 1
-      if result_shape is not None and result_shape[dim] % shards:
-        continue   # psum_scatter(tiled=True) needs equal pieces
-      scatter_dim = dim
-      break
-  for dim, (factor, entry) in enumerate(zip(rule.result, result_entries)):
+  scatter_dims = _scatter_dims(rule, factor_axes, reduce_axes, result_spec, result_shape,
+                               axis_sizes)
+  scatter_dim = scatter_dims[0] if scatter_dims else None
+  for dim, (factor, entry) in enumerate(zip(rule.result,
+                                            padded_spec(result_spec, len(rule.result)))):
     if dim != scatter_dim:
       claim(factor, _axes_of(entry))
   return Plan(rule, factor_axes, scatter_dim)
+
+
+def _scatter_dims(rule, factor_axes, reduce_axes, result_spec, result_shape,
+                  axis_sizes) -> list[int]:
+  """The result dimensions a reduction over `reduce_axes` can be scattered into: those
+  `result_spec` shards on exactly those axes, whose factor is not split, and that divide
+  evenly (psum_scatter(tiled=True) needs equal pieces)."""
+  if not reduce_axes:
+    return []
+  shards = math.prod(axis_sizes[a] for a in reduce_axes) if axis_sizes else 1
+  return [dim for dim, (factor, entry) in enumerate(
+              zip(rule.result, padded_spec(result_spec, len(rule.result))))
+          if not factor_axes.get(factor) and _axes_of(entry) == reduce_axes
+          and (result_shape is None or result_shape[dim] % shards == 0)]
+
+
+def _operand_claims(rule, operand_specs) -> list[tuple[str, tuple[str, ...]]]:
+  """(factor, mesh axes) of every sharded operand dimension a factor may keep."""
+  return [(factor, _axes_of(entry))
+          for dims, spec in zip(rule.operands, operand_specs)
+          for factor, entry in zip(dims, padded_spec(spec, len(dims)))
+          if _axes_of(entry) and factor not in rule.replicated]
+
+
+def _operands_conflict(rule, operand_specs) -> bool:
+  """Whether the operands' shardings cannot all be kept: a mesh axis on two factors,
+  or a factor on two different sets of axes."""
+  axes_of_factor: dict[str, set] = {}
+  factor_of_axis: dict[str, str] = {}
+  for factor, axes in _operand_claims(rule, operand_specs):
+    axes_of_factor.setdefault(factor, set()).add(axes)
+    for axis in axes:
+      if factor_of_axis.setdefault(axis, factor) != factor:
+        return True
+  return any(len(claims) > 1 for claims in axes_of_factor.values())
+
+
+def _resolutions(rule, operand_specs, result_spec, result_shape, axis_sizes) -> Iterator[Plan]:
+  """Every plan that gives each factor one of the axes an operand (or the result) shards
+  it on, or a leading part of them (from ("x", "y"), ("x",): an all-gather over "y"),
+  or none, with each mesh axis on one factor at most; with each way to reduce
+  (all-reduce, or reduce-scatter into a dimension the result is wanted split on)."""
+  claims = _operand_claims(rule, operand_specs) + [
+      (factor, _axes_of(entry))
+      for factor, entry in zip(rule.result, padded_spec(result_spec, len(rule.result)))
+      if _axes_of(entry) and factor not in rule.replicated]
+  options: dict[str, list[tuple[str, ...]]] = {}
+  for factor, axes in claims:
+    options.setdefault(factor, []).extend(axes[:n] for n in range(len(axes), 0, -1))
+  factors = list(options)
+  choices = [list(dict.fromkeys(options[f])) + [()] for f in factors]
+  for picked in itertools.product(*choices):
+    flat = [a for axes in picked for a in axes]
+    if len(flat) != len(set(flat)):
+      continue   # a mesh axis on two factors
+    factor_axes = {f: axes for f, axes in zip(factors, picked) if axes}
+    reduce_axes = tuple(a for f in rule.reduction for a in factor_axes.get(f, ()))
+    for scatter_dim in [*_scatter_dims(rule, factor_axes, reduce_axes, result_spec,
+                                       result_shape, axis_sizes), None]:
+      yield Plan(rule, factor_axes, scatter_dim)
+
+
+# ---------------------------------------------------------------- what a plan moves
+
+
+def _itemsize(dtype) -> int:
+  return np.dtype(dtype).itemsize
+
+
+def reshard_bytes(shape: Sequence[int], itemsize: int, current: P | None, target: P | None,
+                  axis_sizes: Mapping[str, int]) -> float:
+  """Bytes one device sends to reshard an array of GLOBAL `shape` from `current` to
+  `target` (ring collectives: an all-gather or all-to-all over n devices moves
+  (n - 1) / n of its per-device result). Axes that leave the array are all-gathered;
+  axes that move to another dimension, all-to-all'd; new axes are a local slice (free).
+
+  >>> reshard_bytes((8192, 8192), 2, P("tp", None), P(), {"tp": 4}) / 2**20   # gather x
+  96.0
+  >>> reshard_bytes((64, 32), 4, P(None, "d"), P("d", None), {"d": 8})      # all-to-all
+  896.0
+  >>> reshard_bytes((64, 32), 4, P(), P("d", None), {"d": 8})               # slice
+  0.0
+  """
+  ndim = len(shape)
+  cur = [_axes_of(e) for e in padded_spec(current, ndim)]
+  new = {a: d for d, entry in enumerate(padded_spec(target, ndim)) for a in _axes_of(entry)}
+  kept = [a for d, axes in enumerate(cur) for a in axes if new.get(a) == d]
+  moved = [a for d, axes in enumerate(cur) for a in axes if a in new and new[a] != d]
+  gathered = [a for axes in cur for a in axes if a not in new]
+  size = lambda axes: math.prod(axis_sizes[a] for a in axes)
+  remaining = math.prod(shape) * itemsize / size(kept + moved)   # per device, once gathered
+  moved_out = lambda axes: remaining * (size(axes) - 1) / size(axes)
+  return (moved_out(gathered) if gathered else 0.0) + (moved_out(moved) if moved else 0.0)
+
+
+def moved_bytes(candidate: Plan, *, operand_specs: Sequence[P | None],
+                operand_types: Sequence[Any], axis_sizes: Mapping[str, int],
+                result_spec: P | None = None, result_shape: Sequence[int] | None = None,
+                result_dtype: Any = None) -> float:
+  """Bytes one device sends to run `candidate`: its operands resharded from
+  `operand_specs` to the plan's (`reshard_bytes`), the partial results reduced (ring
+  all-reduce: 2 (n - 1) / n of the local result; reduce-scatter: half that), and the
+  result resharded to `result_spec` where it is given. Computed from the GLOBAL shapes
+  and dtypes (`operand_types`), so the same for every device.
+
+  >>> import jax, jax.numpy as jnp
+  >>> rule = EinsumRule.parse("m k, k n -> m n")
+  >>> specs, types = [P(None, "d"), P("d", None)], [jax.ShapeDtypeStruct((64, 32), jnp.float32),
+  ...                                                jax.ShapeDtypeStruct((32, 48), jnp.float32)]
+  >>> moved_bytes(plan(rule, specs), operand_specs=specs, operand_types=types,
+  ...             axis_sizes={"d": 8}, result_shape=(64, 48))   # one all-reduce of 64x48 f32
+  21504.0
+  """
+  total = 0.0
+  for dims, spec, typ in zip(candidate.rule.operands, operand_specs, operand_types):
+    total += reshard_bytes(typ.shape, _itemsize(typ.dtype), spec, candidate.spec(dims),
+                           axis_sizes)
+  if result_shape is None:
+    return total
+  itemsize = _itemsize(result_dtype if result_dtype is not None else operand_types[0].dtype)
+  if candidate.reduce_axes:
+    shards = math.prod(axis_sizes[a] for f in candidate.rule.result
+                       for a in candidate.factor_axes.get(f, ()))
+    local = math.prod(result_shape) * itemsize / shards
+    n = math.prod(axis_sizes[a] for a in candidate.reduce_axes)
+    total += local * (n - 1) / n * (1 if candidate.scatter_dim is not None else 2)
+  if result_spec is not None:
+    total += reshard_bytes(result_shape, itemsize, candidate.result, result_spec, axis_sizes)
+  return total
 
 
 def shardy_rule(rule: EinsumRule, num_results: int = 1) -> tuple[str, dict]:
@@ -483,6 +656,94 @@ def _record(op_primitive, avals, params):
   with _recorders_lock:
     for seen in _recorders:
       seen.append(entry)
+
+
+# ---------------------------------------------------------------- compiled programs' collectives
+
+# Here, not in the benchmark or the tests, because all three ask the same question of a
+# compiled program ("does jaxgemm's move more than jnp's?"): the tests and the
+# benchmark (bench/sharded.py) import it from the package they both import, and a user
+# can ask it of their own program. The per-device bytes are read off the compiled HLO,
+# so they count what XLA really emitted, not what `moved_bytes` estimates.
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+# `%name = TYPE KIND(` or `KIND-start(`; `-done` ops and fusions named like one are not.
+COLLECTIVE_OP = re.compile(r"=\s*(\S.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(")
+_ARRAY_TYPE = re.compile(r"\b([a-z]+\d*(?:e\d+m\d+\w*)?)\[([\d,]*)\]")
+_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "bf16": 16, "f16": 16, "s16": 16,
+         "u16": 16, "f32": 32, "s32": 32, "u32": 32, "f64": 64, "s64": 64, "u64": 64,
+         "c64": 64, "c128": 128}   # fp8 types (f8e4m3fn, ...): 8, the default
+
+
+def _top_level(type_text: str) -> list[str]:
+  """The elements of a tuple type, '(a, (b, c))' -> ['a', '(b, c)']; a non-tuple: itself."""
+  text = type_text.strip()
+  if not text.startswith("("):
+    return [text]
+  parts, depth, start = [], 0, 1
+  for i, ch in enumerate(text):
+    if ch in "([":
+      depth += 1
+    elif ch in ")]":
+      depth -= 1
+    if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
+      parts.append(text[start:i].strip())
+      start = i + 1
+  return [p for p in parts if p]
+
+
+def hlo_collectives(hlo: str) -> collections.Counter:
+  """Counter of (kind, result type) of every collective in a compiled HLO text
+  (`jax.jit(f).lower(...).compile().as_text()`), async `-start` ops included. An
+  all-gather's or collective-permute's `-start` holds (operands, results, ...): its
+  results are what is counted, as for the synchronous op.
+
+  >>> hlo = "%ar = bf16[64,48]{1,0} all-reduce(%p), channel_id=1, to_apply=%add"
+  >>> dict(hlo_collectives(hlo))
+  {('all-reduce', 'bf16[64,48]'): 1}
+  >>> dict(hlo_collectives("%s = (f32[8]{0}, f32[64]{0}) all-gather-start(%p)"))
+  {('all-gather', 'f32[64]'): 1}
+  """
+  found = collections.Counter()
+  for m in COLLECTIVE_OP.finditer(hlo):
+    type_text = re.sub(r"\{[^}]*\}", "", m.group(1)).strip()
+    if m.group(3) and m.group(2) in ("all-gather", "collective-permute"):
+      elements = _top_level(type_text)
+      type_text = elements[1] if len(elements) > 1 else type_text
+    found[(m.group(2), type_text)] += 1
+  return found
+
+
+def _type_bytes(type_text: str) -> int:
+  return sum(_BITS.get(dtype, 8) * math.prod(int(d) for d in dims.split(",") if d) // 8
+             for dtype, dims in _ARRAY_TYPE.findall(type_text))
+
+
+def collective_totals(found: collections.Counter) -> dict[str, tuple[int, int]]:
+  """{kind: (ops, bytes of their results on one device)} of `hlo_collectives`' count:
+  what two programs are compared by. XLA combines collectives into tuples and may lay a
+  gradient out transposed, so the op lists of two equivalent programs can differ where
+  the kinds and bytes do not.
+
+  >>> collective_totals(hlo_collectives("%a = (f32[16,32]{1,0}, f32[]) all-reduce(%p, %q)"))
+  {'all-reduce': (1, 2052)}
+  """
+  totals: dict[str, list[int]] = {}
+  for (kind, type_text), n in found.items():
+    t = totals.setdefault(kind, [0, 0])
+    t[0] += n
+    t[1] += n * _type_bytes(type_text)
+  return {k: tuple(v) for k, v in sorted(totals.items())}
+
+
+def collective_bytes(hlo: str) -> int:
+  """The bytes of every collective's results on one device, all kinds together: the
+  number to hold jaxgemm's program to jnp's (no more).
+
+  >>> import jax, jax.numpy as jnp
+  >>> collective_bytes(jax.jit(lambda a: a @ a).lower(jnp.ones((4, 4))).compile().as_text())
+  0
+  """
+  return sum(b for _, b in collective_totals(hlo_collectives(hlo)).values())
 
 
 # ---------------------------------------------------------------- the mechanism
@@ -686,9 +947,12 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
   def partition(params, mesh, arg_shapes, result_shape):
     params = dict(params)
     rule = rule_of(**params)
+    # The global shapes and dtypes: where the operands' shardings conflict, the plan
+    # moves the fewest bytes (`plan`).
     the_plan = plan(rule, [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)],
                     _spec_of(first(result_shape), "the result"),
-                    result_shape=first(result_shape).shape, axis_sizes=dict(mesh.shape))
+                    result_shape=first(result_shape).shape, axis_sizes=dict(mesh.shape),
+                    operand_types=arg_shapes, result_dtype=first(result_shape).dtype)
     factor_sizes = {f: x.shape[d] for dims, x in zip(rule.operands, arg_shapes)
                     for d, f in enumerate(dims)}
     local_params = _global_params_dropped(params)
@@ -711,7 +975,9 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
     # in the program from constants: ragged_dot's group bounds); the known ones decide.
     the_plan = plan(rule_of(**dict(params)),
                     [_spec_of(x, f"operand {i}", unknown_is_replicated=True)
-                     for i, x in enumerate(arg_shapes)])
+                     for i, x in enumerate(arg_shapes)],
+                    result_shape=first(result_shape).shape, axis_sizes=dict(mesh.shape),
+                    operand_types=arg_shapes, result_dtype=first(result_shape).dtype)
     return result_shardings(mesh, the_plan, len(result_shape) if multiple else 1)
 
   def sharding_rule(params, mesh, operand_types, result_types):   # Shardy

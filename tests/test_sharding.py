@@ -1,5 +1,6 @@
 """Sharding: the rule mechanism (`jaxgemm.sharding`), real kernels on a 1-device mesh,
-and, in a process of its own, the 8-device tests (`tests/sharding_on_8_devices.py`).
+and, in processes of their own, the 8-device tests (`tests/sharding_on_8_devices.py`,
+and `tests/sharding_cost_on_8_devices.py`: the MLP layouts decided by cost, issue 44).
 
 This process has one device (the suite's). What runs here with the real interpreted
 Triton kernel: a sharded program on a 1-device mesh (Auto and Explicit axes, grad) and
@@ -11,6 +12,7 @@ there `backend="xla"` and the recorded local problems show what each kernel woul
 from __future__ import annotations
 
 import difflib
+import importlib
 import os
 import pathlib
 import re
@@ -35,25 +37,27 @@ F32 = np.float32
 HIGHEST = lax.Precision.HIGHEST
 MATMUL = sharding.EinsumRule.parse("m k, k n -> m n")
 EIGHT_DEVICE_TESTS = pathlib.Path(__file__).with_name("sharding_on_8_devices.py")
+COST_TESTS = pathlib.Path(__file__).with_name("sharding_cost_on_8_devices.py")
 
 
 # ---------------------------------------------------------------- 8 devices
 
 
-def test_on_8_host_devices():
-  """Runs tests/sharding_on_8_devices.py with 8 host CPU devices, in its own process
-  (XLA_FLAGS is read once, when jax starts), with this session's seed."""
+@pytest.mark.parametrize("tests", [EIGHT_DEVICE_TESTS, COST_TESTS], ids=["rules", "cost"])
+def test_on_8_host_devices(tests):
+  """Runs a file of 8-device tests (the rules' `tests/sharding_on_8_devices.py`, the
+  cost-decided MLPs' `tests/sharding_cost_on_8_devices.py`) with 8 host CPU devices, in
+  its own process (XLA_FLAGS is read once, when jax starts), with this session's seed."""
   env = dict(os.environ, JAXGEMM_TEST_SEED=str(SESSION_SEED), TF_CPP_MIN_LOG_LEVEL="2",
              XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS"),
                                               "--xla_force_host_platform_device_count=8"])))
   run = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EIGHT_DEVICE_TESTS)],
-      cwd=EIGHT_DEVICE_TESTS.parent.parent, env=env, capture_output=True, text=True,
-      timeout=540)
+      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+      cwd=tests.parent.parent, env=env, capture_output=True, text=True, timeout=540)
   output = run.stdout + run.stderr
   summary = output.strip().splitlines()[-1] if output.strip() else "(no output)"
-  print(f"{EIGHT_DEVICE_TESTS.name}: {summary}")
-  assert run.returncode == 0, f"{EIGHT_DEVICE_TESTS.name} failed:\n{output[-12000:]}"
+  print(f"{tests.name}: {summary}")
+  assert run.returncode == 0, f"{tests.name} failed:\n{output[-12000:]}"
   assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
 
 
@@ -203,6 +207,159 @@ def test_plan_checks_the_operand_count():
   with pytest.raises(ValueError, match="operand_specs has 1 entries; rule m k, k n -> m n "
                                        "takes 2 operands"):
     sharding.plan(MATMUL, [P()])
+
+
+# ---------------------------------------------------------------- plan() by cost (issue 44)
+
+TP4 = {"tp": 4}
+
+
+def _types_of(rule, sizes, dtype=jnp.bfloat16):
+  """Each operand's global type, from the rule's factors and `sizes` (factor -> size)."""
+  return [jax.ShapeDtypeStruct(tuple(sizes[f] for f in dims), dtype) for dims in rule.operands]
+
+
+def _specs_of(rule, axes):
+  """Each operand's spec, its factors sharded as `axes` (factor -> mesh axis) says."""
+  return [P(*(axes.get(f) for f in dims)) for dims in rule.operands]
+
+
+def _cost(p, specs, types, axis_sizes, **kw):
+  return sharding.moved_bytes(p, operand_specs=specs, operand_types=types,
+                              axis_sizes=axis_sizes, **kw)
+
+
+# Each op's own description of its dims (its sharding_rule), x's rows and W's columns
+# both on "tp"; bias over N, a residual over (M, N).
+OP_RULES = {
+    "matmul": lambda: primitive.sharding_rule(trans_a=False, trans_b=False, ndims=(0, 1, 1, 1)),
+    "matmul, W stored (N, K)": lambda: primitive.sharding_rule(trans_a=False, trans_b=True,
+                                                               ndims=(0, 1, 1, 1)),
+    "fused_matmul": lambda: importlib.import_module("jaxgemm.ops.fused_matmul.primitive")
+        .sharding_rule(trans_a=False, trans_b=False, ndims=(0, 1, 1, 1), activation="gelu",
+                       bias="shared", residual=True, gate=None),
+    "glu": lambda: importlib.import_module("jaxgemm.ops.glu.primitive").sharding_rule(
+        trans_a=False, trans_b=False, ndims=(0, 1, 1, 1), bias="shared"),
+    "scaled_matmul": lambda: importlib.import_module("jaxgemm.ops.scaled_matmul.primitive")
+        .sharding_rule(trans_a=False, trans_b=False, ndims=(0, 1, 1, 1), scale_kind="row_col"),
+}
+
+
+@pytest.mark.parametrize("op", list(OP_RULES))
+@pytest.mark.parametrize("tokens", [8192, 65536])
+def test_cost_conflict_gathers_the_smaller_operand_of_every_op(op, tokens):
+  """Issue 44's Megatron sequence-parallel GEMM at Llama-3-70B sizes: x (tokens, 8192) on
+  tokens and W (8192, 28672) on columns, both over "tp" (4). At 8192 tokens x (128 MiB)
+  is smaller than W (448 MiB): x is gathered and W stays split, as XLA does; at 65536
+  tokens x (1 GiB) is the larger and W is gathered. Every op that uses the rule decides
+  by its own einsum (extra operands over M or N move with them), and the choice moves
+  fewer bytes than the other one."""
+  rule = OP_RULES[op]()
+  sizes = {"m": tokens, "k": 8192, "n": 28672, "one": 1}
+  specs = _specs_of(rule, {"m": "tp", "n": "tp"})
+  types = _types_of(rule, sizes)
+  p = sharding.plan(rule, specs, operand_types=types, axis_sizes=TP4)
+  keep = "n" if tokens == 8192 else "m"
+  assert p.factor_axes == {keep: ("tp",)}, p.factor_axes
+  assert p.result == P(*({keep: "tp"}.get(f) for f in rule.result))
+  other = sharding.Plan(rule, {"m" if keep == "n" else "n": ("tp",)})
+  assert _cost(p, specs, types, TP4) < _cost(other, specs, types, TP4)
+  # Without the global types, the first operand's sharding wins (the old rule).
+  assert sharding.plan(rule, specs).factor_axes == {"m": ("tp",)}
+
+
+def test_cost_sequence_parallel_moves_what_xla_moves():
+  """The chosen plan's bytes are a gather of x: (n - 1) / n of 8192 x 8192 bf16 per
+  device, 96 MiB, where keeping x would gather W1's 448 MiB (336 MiB sent)."""
+  specs = [P("tp", None), P(None, "tp")]
+  types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((8192, 8192), (8192, 28672))]
+  p = sharding.plan(MATMUL, specs, operand_types=types, axis_sizes=TP4,
+                    result_shape=(8192, 28672))
+  assert p.operands == (P(None, None), P(None, "tp"))
+  assert _cost(p, specs, types, TP4, result_shape=(8192, 28672)) == 96 * 2**20
+  old = sharding.plan(MATMUL, specs)
+  assert _cost(old, specs, types, TP4, result_shape=(8192, 28672)) == 336 * 2**20
+
+
+@pytest.mark.parametrize("tokens, want", [
+    # FSDP training: the weight (4096 x 14336) is smaller than the tokens' activations
+    # (16384 x 4096) and their product: it is gathered (what FSDP means).
+    (16384, dict(operands=(P("d", None), P(None, None)), reduce_axes=(), scatter_dim=None)),
+    # Decode: 4 tokens meet the same weight, K-split: x moves to K (all-to-all) and the
+    # partial (4, 14336) is reduce-scattered into the rows asked for; W stays in place.
+    (4, dict(operands=(P(None, "d"), P("d", None)), reduce_axes=("d",), scatter_dim=0)),
+])
+def test_cost_fsdp_weight_on_k_gathers_or_reduces_by_size(tokens, want):
+  """x on rows and W on K over one axis "d" (4): gather W, or move x to K and reduce."""
+  specs, axis_sizes = [P("d", None), P("d", None)], {"d": 4}
+  types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((tokens, 4096), (4096, 14336))]
+  p = sharding.plan(MATMUL, specs, P("d", None), result_shape=(tokens, 14336),
+                    axis_sizes=axis_sizes, operand_types=types)
+  assert dict(operands=p.operands, reduce_axes=p.reduce_axes, scatter_dim=p.scatter_dim) == want
+  assert p.result == P("d", None)
+
+
+def test_cost_reduce_scatter_is_chosen_over_all_reduce_where_the_result_is_split():
+  """In a conflict whose cheapest plan reduces, the reduction is scattered into the
+  dimension the result is wanted split on (half an all-reduce's bytes), and all-reduced
+  where the result is wanted whole."""
+  specs = [P("d", None), P("d", None)]
+  types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((4, 4096), (4096, 14336))]
+  kw = dict(result_shape=(4, 14336), axis_sizes={"d": 4}, operand_types=types)
+  split = sharding.plan(MATMUL, specs, P(None, "d"), **kw)
+  whole = sharding.plan(MATMUL, specs, P(), **kw)
+  assert (split.reduce_axes, split.scatter_dim, split.result) == (("d",), 1, P(None, "d"))
+  assert (whole.reduce_axes, whole.scatter_dim, whole.result) == (("d",), None, P(None, None))
+
+
+@pytest.mark.parametrize("tokens, experts, keep", [
+    (65536, 8, "m"),     # many tokens, small experts: the experts are gathered
+    (64, 64, "g"),       # decode against large experts: expert parallel, tokens gathered
+])
+def test_cost_ragged_dot_tokens_or_experts_by_size(tokens, experts, keep):
+  """ragged_dot's own einsum ("b m k, b g k n, b t g -> b m n"), tokens and experts both
+  on "d": the larger of the two stays split (experts split: each device its own groups,
+  summed over "d")."""
+  rule = importlib.import_module("jaxgemm.ops.ragged_dot.primitive").sharding_rule(
+      ragged_contracting=False, trans_rhs=False)
+  sizes = {"b": 1, "m": tokens, "k": 2048, "g": experts, "n": 1536, "t": 2}
+  specs = _specs_of(rule, {"m": "d", "g": "d"})
+  types = _types_of(rule, sizes)
+  types[2] = jax.ShapeDtypeStruct(types[2].shape, jnp.int32)   # the group bounds
+  p = sharding.plan(rule, specs, operand_types=types, axis_sizes={"d": 8},
+                    result_shape=(1, tokens, 1536))
+  assert p.factor_axes == {keep: ("d",)}
+  assert p.reduce_axes == (("d",) if keep == "g" else ())
+
+
+def test_cost_keeps_every_device_busy_before_saving_bytes():
+  """A plan that leaves a mesh axis unused repeats the GEMM's work over it; it is not
+  chosen for its fewer bytes. x's K on ("x", "y") and W's on "x" conflict; keeping K on
+  both axes all-reduces a (64, 65536) partial, which moves more than gathering both
+  operands would, but the gathered plan runs the whole GEMM on every device."""
+  specs, axis_sizes = [P(None, ("x", "y")), P("x", None)], {"x": 2, "y": 4}
+  types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((64, 8), (8, 65536))]
+  kw = dict(result_shape=(64, 65536), axis_sizes=axis_sizes)
+  p = sharding.plan(MATMUL, specs, operand_types=types, **kw)
+  assert p.factor_axes == {"k": ("x", "y")} and p.reduce_axes == ("x", "y")
+  gathered = sharding.Plan(MATMUL, {})
+  assert _cost(gathered, specs, types, **kw) < _cost(p, specs, types, **kw)
+
+
+def test_cost_plan_checks_the_operand_types_count():
+  with pytest.raises(ValueError, match="operand_types has 1 entries; rule m k, k n -> m n "
+                                       "takes 2 operands"):
+    sharding.plan(MATMUL, [P(), P()], operand_types=[jax.ShapeDtypeStruct((2, 2), F32)],
+                  axis_sizes={})
+
+
+def test_cost_reshard_bytes_counts_gathers_all_to_alls_and_free_slices():
+  sizes = {"x": 2, "y": 4}
+  assert sharding.reshard_bytes((64, 32), 4, P(("x", "y"), None), P("x", None), sizes) == (
+      64 * 32 * 4 / 2 * 3 / 4)                      # all-gather over y within each x
+  assert sharding.reshard_bytes((64, 32), 4, P("x", "y"), P("y", "x"), sizes) == (
+      64 * 32 * 4 / 8 * 7 / 8)                      # both axes move: one all-to-all of 8
+  assert sharding.reshard_bytes((64, 32), 4, P("x", None), P("x", "y"), sizes) == 0
 
 
 def test_vmapped_dim_is_inserted_with_its_explicit_axes():

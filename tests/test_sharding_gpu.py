@@ -32,7 +32,11 @@ def test_every_layout_and_the_step_run_their_shards_like_xla(backend):
   S.run_sharded_suite(ctx, [backend], size="test")
   by = {(r["problem"], r["backend"]): r for r in rows}
   names = [lay.name for lay in S.layouts("test")] + [S.STEP_NAME]
-  assert sorted({r["problem"] for r in rows}) == sorted(names)
+  assert sorted({r["problem"] for r in rows}) == sorted(names + S.mlp_names("test"))
+  for name in S.mlp_names("test"):   # the Megatron-SP MLP: no more bytes than jnp's
+    r = by[name, backend]
+    assert r["status"] == "ok", (name, r.get("error"), r.get("note"))
+    assert r["collective_mb"] <= by[name, runner.REF]["collective_mb"], (name, r["collectives"])
   for name in names:
     r = by[name, backend]
     assert r["status"] == "ok", (name, r.get("error"), r.get("note"))
