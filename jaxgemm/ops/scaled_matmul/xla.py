@@ -142,6 +142,16 @@ def dequantized_product(problem: ScaledMatmulProblem, a, b, a_scale, b_scale, pl
   "row_col" scales; block-scaled operands rounded to bf16 once dequantized (the
   module docstring says what that costs). fp32 accumulation; with a bf16 result
   on the GPU the dot writes it directly (cuBLAS sums in fp32 and rounds once).
+
+  Example: 0.3 quantizes to 448 times a block scale of 0.3 / 448, which dequantizes
+  to 0.3 in fp32 ("dot_general": 38.4) and to 0.30078125 in bf16 (256 * 0.5 * that):
+    >>> import jax.numpy as jnp, jaxgemm
+    >>> x8, sx = jaxgemm.quantize(jnp.full((4, 256), 0.3), block=(1, 128))
+    >>> w8, sw = jaxgemm.quantize(jnp.full((256, 8), 0.5), block=(128, 128))
+    >>> y = jaxgemm.scaled_matmul(x8, w8, sx, sw, out_dtype=jnp.float32, backend="xla",
+    ...                           variant="dequantize_bf16")
+    >>> float(y[0, 0])
+    38.5
   """
   dims = _dims(problem)
   dot = lambda x, y, out: lax.dot_general(x, y, dims, precision=problem.precision,
