@@ -8,24 +8,38 @@ differs), in one process:
 
 1. inputs: A and B normal(0, 1) in float32, quantized with `jaxgemm.quantize` as the
    problem's scaling says (one scale each; or 1x128 blocks of A along K and 128x128 blocks
-   of B, as stored), and the same values dequantized and rounded to bf16 (for XLA's bf16
-   dot of the same values); every function takes (a8, b8, a_scale, b_scale, a16, b16);
-2. XLA's scaled form, the reference of every ratio (backend `xla_dot`, as for every suite:
-   "XLA's own op"; the CSV's `xla_ref` names it on every row of the problem):
+   of B, as stored), the same values dequantized and rounded to bf16 (for XLA's bf16 dot
+   of the same values), and b8 with its scale stored the other way ((N, K) for (K, N), and
+   back: a user's choice of layout, made before the step, not timed); every function takes
+   (a8, b8, a_scale, b_scale, a16, b16, b8_other, b_scale_other);
+2. XLA's scaled form in the problem's layout, the program every other is timed
+   interleaved with (backend `xla_dot`, as for every suite: "XLA's own op"):
    * per tensor, `ref_variant` "dot_f32*scales": `(jnp.dot(a8, b8,
      preferred_element_type=f32) * (sa * sb)).astype(bf16)`, what a user writes;
-   * block, "scaled_matmul[xla]": `jaxgemm.scaled_matmul(..., backend="xla")`, the xla
-     backend's sum over 128-wide K blocks of scaled fp32 partial products in a fori_loop
-     (XLA has no block-scaled GEMM on Hopper; jaxgemm/ops/scaled_matmul/xla.py);
+   * block, "scaled_matmul[xla]": `jaxgemm.scaled_matmul(..., backend="xla",
+     variant="dot_general")`, the xla backend's sum over 128-wide K blocks of scaled fp32
+     partial products in a fori_loop (XLA has no block-scaled GEMM on Hopper;
+     jaxgemm/ops/scaled_matmul/xla.py);
 3. XLA's other programs on the same values (backend `xla_peer`), checked and then timed
-   interleaved with the reference as kernels are: `fp8_dot`, `lax.dot_general(a8, b8,
-   preferred_element_type=bf16)` with no scales (the issue's first column: the FP8 GEMM
-   alone; checked against the fp32 product of the fp8 values), and `bf16_dot`, the bf16
-   dot of the dequantized values (what the GEMM costs without FP8);
+   interleaved with the reference as kernels are (`ops.scaled_matmul` says why each):
+   `fp8_dot`, `lax.dot_general(a8, b8, preferred_element_type=bf16)` with no scales (the
+   FP8 GEMM alone; checked against the fp32 product of the fp8 values); XLA's baselines,
+   `scaled_form_other_b_layout`, the reference's program on b8_other, and with block
+   scales `dequantize+bf16_dot`, `dot(dequantize(a8, sa).astype(bf16),
+   dequantize(b8, sb).astype(bf16))` in one program, what a user without an FP8 kernel
+   writes; `bf16_dot`, the bf16 dot of a16 and b16 (the GEMM without FP8, dequantization
+   not timed);
 4. every backend of op scaled_matmul (`jaxgemm.backends("scaled_matmul")`, whatever is
    registered; its best variant, or every one with `--variants all`) and the default
    (`auto`), through `jaxgemm.scaled_matmul(a8, b8, sa, sb, out_dtype=bf16, trans_a=,
    trans_b=, backend=, variant=)`: checked, then timed interleaved with the reference.
+
+Every ratio is against the problem's strongest XLA baseline (issue 44): the fastest of the
+reference and XLA's baselines, by their ratios to the reference in their own interleaved
+timings. Each row after the reference's has `speedup_vs_paired`, its ratio to the
+reference as timed, and `speedup_vs_xla` and `xla_time_ms` against the strongest, which
+its `xla_ref` names (`_against`). The reference's row, written before the baselines are
+timed, keeps its ratio to itself.
 
 Every result is checked against the exact product of the dequantized operands, computed in
 float32 at HIGHEST precision (`check_fn`; XLA's reference row's `error` is its own distance
@@ -52,11 +66,12 @@ from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem
 
 from . import runner as R
 from . import training as T
-from .ops.scaled_matmul import BF16_DOT, FP8_DOT, OP, PEER, Fp8Problem, ref_variant
+from .ops.scaled_matmul import (BF16_DOT, DEQUANT_BF16, FP8_DOT, OP, PEER, SCALED_OTHER_B,
+                                Fp8Problem, baselines, ref_variant)
 from .runner import SuiteOptions
 
 OUT = jnp.bfloat16
-ARITY = 6   # a8, b8, a_scale, b_scale, a16, b16
+ARITY = 8   # a8, b8, a_scale, b_scale, a16, b16, b8_other, b_scale_other
 
 # The correctness gate, relative Frobenius error against the exact product of the
 # dequantized operands: the bf16 output's rounding step, 2**-8 (each element is off by at
@@ -71,21 +86,31 @@ ARITY = 6   # a8, b8, a_scale, b_scale, a16, b16
 TOLERANCE = 2.0**-8 + 2.0**-10
 
 
-def _dot(bp: Fp8Problem, a, b, out, precision=None):
-  return lax.dot_general(a, b, bp.dimension_numbers(), precision=precision,
+def _dot(bp: Fp8Problem, a, b, out, precision=None, trans_b=None):
+  return lax.dot_general(a, b, bp.dimension_numbers(trans_b), precision=precision,
                          preferred_element_type=out)
 
 
-def ref_fn(bp: Fp8Problem) -> Callable:
-  """XLA's scaled form: the per-tensor jnp expression, or the xla backend's block loop."""
+def ref_fn(bp: Fp8Problem, other_b: bool = False) -> Callable:
+  """XLA's scaled form: the per-tensor jnp expression, or the xla backend's block loop;
+  with `other_b`, the same on b stored the other way (b8_other and its scale)."""
+  trans_b = bp.trans_b != other_b
+
+  def operands(args):
+    """(a8, b8, a_scale, b_scale), b as this program stores it."""
+    a8, b8, sa, sb = args[:4]
+    return (a8, args[6], sa, args[7]) if other_b else (a8, b8, sa, sb)
+
   if bp.scaling == "tensor":
-    def xla_scaled(a8, b8, sa, sb, *_):
-      return (_dot(bp, a8, b8, jnp.float32) * (sa * sb)).astype(OUT)
+    def xla_scaled(*args):
+      a8, b8, sa, sb = operands(args)
+      return (_dot(bp, a8, b8, jnp.float32, trans_b=trans_b) * (sa * sb)).astype(OUT)
     return xla_scaled
 
-  def xla_block_scaled(a8, b8, sa, sb, *_):
+  def xla_block_scaled(*args):
+    a8, b8, sa, sb = operands(args)
     return jaxgemm.scaled_matmul(a8, b8, sa, sb, out_dtype=OUT, trans_a=bp.trans_a,
-                                 trans_b=bp.trans_b, backend="xla")
+                                 trans_b=trans_b, backend="xla", variant="dot_general")
   return xla_block_scaled
 
 
@@ -100,15 +125,24 @@ def kernel_fn(bp: Fp8Problem, backend: str, variant: str | None) -> Callable:
 
 
 def peer_fn(bp: Fp8Problem, variant: str) -> Callable:
-  """XLA's fp8 dot with no scales, or its bf16 dot of the dequantized values."""
+  """XLA's program `variant` of the problem (PEER's; module docstring)."""
   if variant == FP8_DOT:
     def fp8_dot(a8, b8, *_):
       return _dot(bp, a8, b8, OUT)
     return fp8_dot
-
-  def bf16_dot(*args):
-    return _dot(bp, args[4], args[5], OUT)
-  return bf16_dot
+  if variant == SCALED_OTHER_B:
+    return ref_fn(bp, other_b=True)
+  if variant == DEQUANT_BF16:
+    def dequantize_bf16_dot(a8, b8, sa, sb, *_):
+      a16 = dequantize(a8, sa, bp.a_block()).astype(OUT)
+      b16 = dequantize(b8, sb, bp.b_block()).astype(OUT)
+      return _dot(bp, a16, b16, OUT)
+    return dequantize_bf16_dot
+  if variant == BF16_DOT:
+    def bf16_dot(*args):
+      return _dot(bp, args[4], args[5], OUT)
+    return bf16_dot
+  raise ValueError(f"unknown {PEER} variant={variant!r}")
 
 
 def dequantize(q, scale, block):
@@ -134,8 +168,10 @@ def exact_fn(bp: Fp8Problem, scaled: bool = True) -> Callable:
 
 
 def make_inputs(bp: Fp8Problem, n_rot: int, seed: int) -> list:
-  """`n_rot` sets of (a8, b8, a_scale, b_scale, a16, b16): normal(0, 1) drawn in float32 on
-  the device, quantized as the problem says, and the dequantized values in bf16."""
+  """`n_rot` sets of (a8, b8, a_scale, b_scale, a16, b16, b8_other, b_scale_other):
+  normal(0, 1) drawn in float32 on the device, quantized as the problem says, the
+  dequantized values in bf16, and b8 and its scale transposed (b stored the other way:
+  the same fp8 values and scales quantize gives the transposed array)."""
   def one(key):
     x = jax.random.normal(jax.random.fold_in(key, 0), bp.a_shape(), jnp.float32)
     w = jax.random.normal(jax.random.fold_in(key, 1), bp.b_shape(), jnp.float32)
@@ -150,7 +186,7 @@ def make_inputs(bp: Fp8Problem, n_rot: int, seed: int) -> list:
   @jax.jit
   def dequantized(a8, b8, sa, sb):
     return [dequantize(a8, sa, bp.a_block()).astype(OUT),
-            dequantize(b8, sb, bp.b_block()).astype(OUT)]
+            dequantize(b8, sb, bp.b_block()).astype(OUT), b8.T, sb.T]
 
   @jax.jit
   def gen(key):
@@ -197,14 +233,19 @@ class ScaledMatmulMeasured(R.Measured):
 
   def before_kernels(self, ctx, bp, dtype_name, bufs, refs, ref_compiled, n_rot,
                      solo_ref_ms=None):
-    """XLA's fp8 dot (checked against the fp32 product of the fp8 values) and its bf16 dot
-    of the dequantized values (checked as the kernels are), each timed against the
-    reference: rows of backend `xla_peer`."""
+    """XLA's other programs (`PEERS`; the fp8 dot checked against the fp32 product of the
+    fp8 values, the others as the kernels are), each timed against the reference: rows
+    of backend `xla_peer`. Then every peer's ratios against the strongest baseline, and
+    the function that puts each kernel row's there too (`_against`)."""
     rows = []
     unscaled = None
-    for variant in (FP8_DOT, BF16_DOT):
+    for variant in PEERS:
+      if variant in (SCALED_OTHER_B, DEQUANT_BF16) and variant not in baselines(bp):
+        continue
       row = R.base_row(ctx, bp.suite, "gemm", PEER, variant, bp, dtype_name)
       row.update(rotate=n_rot, tolerance=TOLERANCE)
+      if variant == SCALED_OTHER_B:   # b as this row stores it
+        row["layout"] = bp.layout[0] + ("N" if bp.trans_b else "T")
       rows.append(row)
       if R.excluded(ctx.exclude, PEER, variant, bp.name):
         row.update(status=R.STATUS_SKIPPED, note="excluded by --exclude")
@@ -224,7 +265,40 @@ class ScaledMatmulMeasured(R.Measured):
         row["peak_tflops"] = peak or ""
         if peak and row.get("tflops"):
           row["pct_peak"] = 100 * row["tflops"] / peak
-    return rows, None
+    against = _against(*strongest_of(bp, rows))
+    for row in rows:
+      against(row)
+    return rows, against
+
+
+# XLA's other programs, in the order they run (module docstring).
+PEERS = (FP8_DOT, SCALED_OTHER_B, DEQUANT_BF16, BF16_DOT)
+
+
+def strongest_of(bp: Fp8Problem, peer_rows: list[dict]) -> tuple[str, float]:
+  """(variant, its speedup over the reference) of the problem's strongest XLA baseline:
+  the reference itself (1.0) or the fastest correct baseline peer, by the ratio each
+  read against it, interleaved."""
+  best, factor = ref_variant(bp), 1.0
+  for r in peer_rows:
+    s = r.get("speedup_vs_xla")
+    if r["variant"] in baselines(bp) and r.get("status") == R.STATUS_OK and s and s > factor:
+      best, factor = r["variant"], s
+  return best, factor
+
+
+def _against(best: str, factor: float) -> Callable[[dict], None]:
+  """A function that puts a row's ratio against the strongest baseline, `best`, whose
+  speedup over the reference is `factor`: the paired ratio kept as `speedup_vs_paired`,
+  `speedup_vs_xla` and `xla_time_ms` divided by `factor`, `xla_ref` naming `best`."""
+  def against(row: dict) -> None:
+    row["xla_ref"] = best
+    s = row.get("speedup_vs_xla")
+    if s in (None, ""):
+      return
+    row.update(speedup_vs_paired=s, speedup_vs_xla=s / factor,
+               xla_time_ms=row["xla_time_ms"] / factor)
+  return against
 
 
 SCALED_MATMUL = ScaledMatmulMeasured()

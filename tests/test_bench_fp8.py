@@ -32,6 +32,7 @@ from jaxgemm.bench.ops import matmul as MM
 from jaxgemm.bench.ops import scaled_matmul as SM
 from jaxgemm.bench.report import csvio, tables
 from jaxgemm.bench.report.make import generate
+from jaxgemm.bench.report.view import Run as View
 from conftest import SLOW_INTERPRETERS
 
 FP8 = SM.FP8_SUITES["fp8"]
@@ -126,23 +127,35 @@ def test_inputs_forms_and_their_exact_product(name):
   """The inputs are quantize's (a8, b8, scales) and their dequantized bf16 values; XLA's
   scaled form, the kernels' call and the check function compute the scaled product."""
   p = _tiny(name)
-  a8, b8, sa, sb, a16, b16 = F.make_inputs(p, 1, 0)
+  a8, b8, sa, sb, a16, b16, b8_other, sb_other = args = F.make_inputs(p, 1, 0)
   assert a8.shape == p.a_shape() and b8.shape == p.b_shape()
   assert (a8.dtype, b8.dtype) == (jnp.dtype(p.a_dtype), jnp.dtype(p.b_dtype))
   assert a16.dtype == b16.dtype == jnp.bfloat16
+  # b stored the other way: the same fp8 values and scales, transposed
+  assert b8_other.shape == p.b_shape(not p.trans_b) and b8_other.dtype == b8.dtype
+  np.testing.assert_array_equal(_f64(b8_other), _f64(b8).T)
+  np.testing.assert_array_equal(_f64(sb_other), _f64(sb).T)
   np.testing.assert_array_equal(_f64(a16), _f64(jnp.asarray(_dequantized(a8, sa, p.a_block()),
                                                             jnp.bfloat16)))
   want = _exact(p, a8, b8, sa, sb)
   assert _rel(F.exact_fn(p)(a8, b8, sa, sb), want) < 1e-6
   q = (_f64(a8).T if p.trans_a else _f64(a8)) @ (_f64(b8).T if p.trans_b else _f64(b8))
   assert _rel(F.exact_fn(p, scaled=False)(a8, b8, sa, sb), q) < 1e-6
-  args = (a8, b8, sa, sb, a16, b16)
-  for fn in (F.ref_fn(p), F.kernel_fn(p, "xla", None), F.kernel_fn(p, runner.AUTO, None)):
+  for fn in (F.ref_fn(p), F.ref_fn(p, other_b=True), F.peer_fn(p, F.SCALED_OTHER_B),
+             F.kernel_fn(p, "xla", None), F.kernel_fn(p, runner.AUTO, None)):
     out = fn(*args)
     assert out.dtype == jnp.bfloat16 and out.shape == p.out_shape()
     assert 0 < _rel(out, want) <= F.TOLERANCE / 2          # bf16's rounding, no more
-  assert _rel(F.peer_fn(p, F.BF16_DOT)(*args), want) <= F.TOLERANCE
+  # the dequantized operands' bf16 rounding too (jaxgemm's xla backend runs the same
+  # program as its dequantize_bf16 variant)
+  for fn in (F.peer_fn(p, F.BF16_DOT), F.peer_fn(p, F.DEQUANT_BF16),
+             F.kernel_fn(p, "xla", "dequantize_bf16")):
+    assert _rel(fn(*args), want) <= F.TOLERANCE
+  np.testing.assert_array_equal(_f64(F.peer_fn(p, F.DEQUANT_BF16)(*args)),
+                                _f64(F.peer_fn(p, F.BF16_DOT)(*args)))
   assert _rel(F.peer_fn(p, F.FP8_DOT)(*args), q) <= F.TOLERANCE
+  assert SM.baselines(p) == ((SM.SCALED_OTHER_B,) if p.scaling == "tensor"
+                             else (SM.SCALED_OTHER_B, SM.DEQUANT_BF16))
 
 
 def test_per_tensor_reference_is_the_issues_scaled_form():
@@ -183,10 +196,23 @@ def test_a_wrong_result_fails_and_the_peers_are_checked():
   ref = by[(runner.REF, SM.REF_BLOCK)]
   # XLA's reference is measured against the exact product too: bf16's rounding
   assert ref["status"] == "ok" and 0 < ref["error"] <= F.TOLERANCE / 2
-  assert all(r["xla_ref"] == SM.REF_BLOCK and r["scaling"] == "block" for r in rows)
-  for v in (F.FP8_DOT, F.BF16_DOT):
+  assert ref["xla_ref"] == SM.REF_BLOCK and all(r["scaling"] == "block" for r in rows)
+  assert [v for b, v in by if b == F.PEER] == list(F.PEERS)
+  for v in F.PEERS:
     peer = by[(F.PEER, v)]
     assert peer["status"] == "ok" and peer["error"] <= F.TOLERANCE and peer["speedup_vs_xla"] > 0
+  assert by[(F.PEER, F.SCALED_OTHER_B)]["layout"] == "NT"   # b as that row stores it
+  # Every later row's ratio is against the strongest baseline, through the reference.
+  paired = [dict(by[(F.PEER, v)], speedup_vs_xla=by[(F.PEER, v)]["speedup_vs_paired"])
+            for v in SM.baselines(p)]
+  best, factor = F.strongest_of(p, paired)
+  assert best in (SM.REF_BLOCK, *SM.baselines(p)) and factor >= 1
+  for r in rows[1:]:   # (an unsupported backend's row, never run, keeps the reference's)
+    assert r["xla_ref"] == (best if r["status"] != "unsupported" else SM.REF_BLOCK), r
+    if r.get("speedup_vs_paired"):
+      assert r["speedup_vs_xla"] == pytest.approx(r["speedup_vs_paired"] / factor)
+      assert r["xla_time_ms"] == pytest.approx(r["time_ms_median"] * r["speedup_vs_xla"])
+  assert all(by[(F.PEER, v)]["speedup_vs_xla"] <= 1 + 1e-9 for v in SM.baselines(p))
   assert by[("nope", "-")]["status"] == "unsupported"
   right = by[("fake", "right")]
   assert right["status"] == "ok" and right["tolerance"] == F.TOLERANCE
@@ -324,13 +350,16 @@ def test_fp8_tiny_run_writes_its_rows(fp8_run):
     assert int(r["flops"]) == p.flops and int(r["min_bytes"]) == p.min_bytes("bf16")
     assert 0 < float(r["error"]) <= F.TOLERANCE
     peers = {x["variant"]: x for x in gemm if x["problem"] == p.name and x["backend"] == F.PEER}
-    assert set(peers) == {F.FP8_DOT, F.BF16_DOT}
-    assert all(x["status"] == "ok" and x["xla_ref"] == F.ref_variant(p) for x in peers.values())
+    assert set(peers) == {F.FP8_DOT, F.BF16_DOT, *SM.baselines(p)}
+    strongest = {x["xla_ref"] for x in gemm if x["problem"] == p.name and x is not r}
+    assert len(strongest) == 1 and strongest <= {F.ref_variant(p), *SM.baselines(p)}
+    assert all(x["status"] == "ok" and x["speedup_vs_paired"] for x in peers.values())
   kernels = [r for r in gemm if r["backend"] in ("xla", runner.AUTO)]
   assert len(kernels) == 2 * len(TINY)
   for r in kernels:
     assert r["status"] == "ok", r
     assert float(r["error"]) <= F.TOLERANCE and float(r["speedup_vs_xla"]) > 0
+    assert float(r["speedup_vs_paired"]) > 0
   steps = {(r["backend"], r["variant"]): r for r in rows if r["kind"] == "train_step"}
   assert set(steps) == {(runner.REF, runner.REF_VARIANT)} | {
       (b, f"fp8={s}") for b in ("xla", runner.AUTO) for s in T.FP8_RECIPES}
@@ -346,9 +375,15 @@ def test_fp8_tiny_report(fp8_run):
   assert "NOT GPU TIMINGS" in report[:600]
   suite = report[report.index("## Suite `fp8-tiny` (FP8 GEMMs)"):]
   header = next(x for x in suite.splitlines() if x.startswith("| problem |"))
-  assert "| XLA fp8 dot (no scales) | XLA scaled form (the reference) | XLA bf16 dot |" in header
+  assert ("| XLA fp8 dot (no scales) | XLA scaled form, b (K, N) | XLA scaled form, b (N, K) | "
+          "dequantize + XLA bf16 dot | XLA bf16 dot (dequantized beforehand) | strongest XLA "
+          "baseline | default (auto), chose |") in header
   line = next(x for x in suite.splitlines() if x.startswith("| m64.k256.n128.wgrad.block |"))
   assert "| block | TN | 256x64x128 | e4m3xe4m3 |" in line and "`scaled_matmul[xla]`" in line
+  issue44 = report[report.index("## FP8 against XLA's strongest baseline (issue 44)"):]
+  issue44 = issue44[:issue44.index("\n## ", 5)]
+  assert "| m4.k128.n256.block | NN | 4x128x256 |" in issue44     # block, <= 256 rows
+  assert "Worst, tensor scales:" in issue44 and "n/a (not a GPU run)" in issue44
   assert "| XLA dot (bf16) | ok |" in report and "last-step loss rel diff vs XLA" in report
   targets = report[report.index("## FP8 GEMM targets (issue 28)"):]
   step = next(x for x in targets.splitlines() if x.startswith("| FP8 training step (fp8."))
@@ -381,14 +416,15 @@ def test_time_budget_leaves_the_rest_skipped():
 
 # ---------------------------------------------------------------- a synthetic GPU run's report
 
-# TFLOP/s of XLA's scaled form, its fp8 dot, its bf16 dot, then the xla backend, triton,
-# pallas and auto
+# TFLOP/s of XLA's scaled form (the problem's layout, (K, N)), its fp8 dot, its bf16 dot, the
+# scaled form with b (N, K), dequantize + bf16 dot (block scales), then the xla backend,
+# triton, pallas and auto
 _TF = {
-    "sq8192.tensor": (1180, 1200, 700, 1180, 1400, 1380, 1400),        # 1400 >= 1350: met
-    "m8192.k4096.n14336.tensor": (1150, 1170, 690, 1150, 1250, 1290, 1290),   # missed
-    "m128.k4096.n14336.tensor": (300, 320, 250, 300, 610, 590, 610),   # 2.03x: met
-    "m128.k4096.n14336.block": (100, 320, 250, 100, 170, 175, 175),    # 1.75x: missed
-    "sq4096.block": (150, 1000, 650, 150, 1010, 990, 1010),            # met
+    "sq8192.tensor": (1180, 1200, 700, 1300, None, 1180, 1400, 1380, 1400),   # (N, K) faster
+    "m8192.k4096.n14336.tensor": (1150, 1170, 690, 1210, None, 1150, 1250, 1290, 1290),
+    "m128.k4096.n14336.tensor": (300, 320, 250, 280, None, 300, 610, 590, 610),   # (K, N) faster
+    "m128.k4096.n14336.block": (100, 320, 240, 105, 400, 100, 170, 175, 175),   # dequantized
+    "sq4096.block": (150, 1000, 650, 160, 700, 150, 1010, 990, 1010),
 }
 _STEP_MS = {(runner.REF, runner.REF_VARIANT): (100.0, 0.0),
             (runner.AUTO, "fp8=tensor"): (78.0, 0.004), ("triton", "fp8=tensor"): (78.0, 0.004),
@@ -397,6 +433,8 @@ _STEP_MS = {(runner.REF, runner.REF_VARIANT): (100.0, 0.0),
 
 
 def _synthetic_fp8_csv(path):
+  """A GPU run's rows as bench/fp8.py writes them: each ratio against the strongest
+  baseline, through the reference (`speedup_vs_paired`)."""
   prov = {"platform": "gpu", "device": "NVIDIA H100 80GB HBM3", "jax": "0.11.2",
           "git_commit": "abc", "date": "2026-11-26", "timer": "cupti", "run_id": "h100-fp8-test",
           "dtype": "bf16"}
@@ -407,14 +445,23 @@ def _synthetic_fp8_csv(path):
     base = {**prov, **p.csv_fields("bf16"), "suite": "fp8", "kind": "gemm", "problem": name,
             "iters": 20}
     who = ((runner.REF, F.ref_variant(p)), (F.PEER, F.FP8_DOT), (F.PEER, F.BF16_DOT),
-           ("xla", "dot_general"), ("triton", "persistent"), ("pallas", "warp_specialized"),
+           (F.PEER, F.SCALED_OTHER_B), (F.PEER, F.DEQUANT_BF16), ("xla", "dot_general"),
+           ("triton", "persistent"), ("pallas", "warp_specialized"),
            (runner.AUTO, runner.AUTO_VARIANT))
+    ref_ms = p.flops / (tfs[0] * 1e12) * 1e3
+    peers = [{"variant": v, "status": "ok", "speedup_vs_xla": tf / tfs[0]}
+             for (_, v), tf in zip(who[3:5], tfs[3:5]) if tf is not None]
+    best, factor = F.strongest_of(p, peers)
     for (b, v), tf in zip(who, tfs):
+      if tf is None:
+        continue
       ms = p.flops / (tf * 1e12) * 1e3
-      ref_ms = p.flops / (tfs[0] * 1e12) * 1e3
-      rows.append({**base, "backend": b, "variant": v, "status": "ok", "time_ms_median": ms,
-                   "tflops": tf, "xla_time_ms": ref_ms, "speedup_vs_xla": ref_ms / ms,
-                   "chosen": "triton/persistent (table)" if b == runner.AUTO else ""})
+      row = {**base, "backend": b, "variant": v, "status": "ok", "time_ms_median": ms,
+             "tflops": tf, "xla_time_ms": ref_ms, "speedup_vs_xla": ref_ms / ms,
+             "chosen": "triton/persistent (table)" if b == runner.AUTO else ""}
+      if b != runner.REF:
+        F._against(best, factor)(row)
+      rows.append(row)
   cfg = T.GPU_FP8_MODEL
   for (b, v), (ms, d) in _STEP_MS.items():
     rows.append({**prov, "suite": "fp8", "kind": "train_step", "backend": b, "variant": v,
@@ -429,6 +476,9 @@ def _synthetic_fp8_csv(path):
 
 
 def test_report_renders_the_issue_28_targets(tmp_path):
+  """Every ratio against the strongest XLA baseline: the scaled form with b (N, K) where it
+  is faster than (K, N), the dequantized bf16 dot where that is; issue 44's targets for
+  the default beside issue 28's."""
   csv_path = tmp_path / "results.csv"
   _synthetic_fp8_csv(csv_path)
   made = generate(csv_path)
@@ -438,16 +488,20 @@ def test_report_renders_the_issue_28_targets(tmp_path):
   table = "\n".join(SM.fp8_targets_table(run))
   lines = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
   assert table.splitlines()[0] == (
-      "| problem | target | XLA fp8 dot (no scales) | XLA scaled form | XLA bf16 dot | xla (best "
-      "variant) | triton (best variant) | pallas (best variant) | default (auto) |  |")
-  big = lines["sq8192.tensor (8192x8192x8192, tensor scales)"]
-  assert "| >= 1,350 TFLOP/s | 1,200.0 (1.02x) | 1,180.0 | 700.0 (0.59x) |" in big
-  assert "| 1,400.0 (1.19x) persistent |" in big and big.endswith("| met |")
+      "| problem | target | XLA scaled form, b (K, N) | XLA scaled form, b (N, K) | dequantize "
+      "+ XLA bf16 dot | xla (best variant) | triton (best variant) | pallas (best variant) | "
+      "default (auto) |  |")
+  big = lines["sq8192.tensor (8192x8192x8192, tensor scales)"]   # (N, K) the faster
+  assert "| >= 1,350 TFLOP/s | 1,180.0 (0.91x) `dot_f32*scales` | 1,300.0 (1.00x) | - |" in big
+  assert "| 1,400.0 (1.08x) persistent |" in big and big.endswith("| met |")
   assert lines["m8192.k4096.n14336.tensor (8192x4096x14336, tensor scales)"].endswith(
       "| **missed** |")
-  small = lines["m128.k4096.n14336.tensor (128x4096x14336, tensor scales)"]
-  assert "| >= 2x XLA's scaled form |" in small and small.endswith("| met |")
-  assert lines["m128.k4096.n14336.block (128x4096x14336, block scales)"].endswith("| **missed** |")
+  small = lines["m128.k4096.n14336.tensor (128x4096x14336, tensor scales)"]   # (K, N) faster
+  assert "| >= 2x XLA's strongest | 300.0 (1.00x) `dot_f32*scales` | 280.0 (0.93x) |" in small
+  assert "| 610.0 (2.03x) persistent |" in small and small.endswith("| met |")
+  decode = lines["m128.k4096.n14336.block (128x4096x14336, block scales)"]   # dequantized
+  assert "| 100.0 (0.25x) `scaled_matmul[xla]` | 105.0 (0.26x) | 400.0 (1.00x) |" in decode
+  assert "| 175.0 (0.44x) warp_specialized |" in decode and decode.endswith("| **missed** |")
   assert lines["sq4096.block (4096x4096x4096, block scales)"].endswith("| met |")
   assert not any(k.startswith("sq8192.block") for k in lines)              # not in this run
   tensor = lines[f"FP8 training step ({T.GPU_FP8_MODEL.name}), fp8=tensor"]
@@ -459,13 +513,44 @@ def test_report_renders_the_issue_28_targets(tmp_path):
   assert "## FP8 GEMM targets (issue 28)" in report
   suite = report[report.index("## Suite `fp8` (FP8 GEMMs)"):]
   row = next(x for x in suite.splitlines() if x.startswith("| m128.k4096.n14336.block |"))
-  assert "| 320.0 (3.20x) | 100.0 `scaled_matmul[xla]` | 250.0 (2.50x) |" in row
-  assert "| 175.0 (1.75x) triton/persistent (table) |" in row
+  assert ("| 320.0 (0.80x) | 100.0 (0.25x) `scaled_matmul[xla]` | 105.0 (0.26x) | 400.0 "
+          "(1.00x) | 240.0 (0.60x) | dequantize + XLA bf16 dot | 175.0 (0.44x) "
+          "triton/persistent (table) |") in row
+  row = next(x for x in suite.splitlines() if x.startswith("| sq8192.tensor |"))
+  assert "| 1,300.0 (1.00x) | - | 700.0 (0.54x) | scaled form, b (N, K) |" in row
+  # issue 44's targets: the default against the strongest baseline
+  issue44 = "\n".join(SM.fp8_baselines_table(run))
+  assert ("| sq8192.tensor | NN | 8192x8192x8192 | scaled form, b (N, K): 1,300.0 | "
+          "1,400.0 (1.08x) triton/persistent (table) | >= 0.98x | met |") in issue44
+  assert ("| m128.k4096.n14336.block | NN | 128x4096x14336 | dequantize + XLA bf16 dot: 400.0 | "
+          "175.0 (0.44x) triton/persistent (table) | >= 1.00x | **missed** |") in issue44
+  assert "sq4096.block" not in issue44                     # above 256 rows: no target
+  assert ("Worst, tensor scales: 1.07x (m8192.k4096.n14336.tensor), target >= 0.98x: met."
+          in issue44)
+  assert ("Worst, block scales: 0.44x (m128.k4096.n14336.block), target >= 1.00x: **missed**."
+          in issue44)
+  assert "## FP8 against XLA's strongest baseline (issue 44)" in report
   readme = made["readme_tables"].read_text()
   assert "#### FP8 GEMM targets (issue 28)" in readme and "#### FP8 GEMMs: suite `fp8`" in readme
+  assert "#### FP8 against XLA's strongest baseline (issue 44)" in readme
   # the FP8 step is not the dense model's default target (issue 6's "<= XLA's step")
   assert not any("fp8." in line for line in MM.defaults_summary(run))
   assert "| XLA dot (bf16) | ok |" in report
+
+
+def test_an_older_run_keeps_its_reference():
+  """A CSV from before the baselines (no other layout, no speedup_vs_paired): ratios read
+  as written, against the reference, and issue 44's targets not measured."""
+  p = next(p for p in FP8 if p.name == "m128.k4096.n14336.tensor")
+  ref = {**p.csv_fields("bf16"), "suite": "fp8", "kind": "gemm", "problem": p.name,
+         "backend": runner.REF, "variant": F.ref_variant(p), "status": "ok", "tflops": 300,
+         "platform": "gpu", "batch": 1, "dtype": "bf16"}
+  auto = {**ref, "backend": runner.AUTO, "variant": runner.AUTO_VARIANT, "tflops": 600,
+          "speedup_vs_xla": 2.0}
+  run = View([ref, auto])
+  assert SM.strongest(run, "fp8", ref) == (F.ref_variant(p), None)
+  line = SM.fp8_baselines_table(run)[2]
+  assert line.endswith("| >= 0.98x | not measured (no baselines) |") and "300.0 `" not in line
 
 
 def test_a_step_run_alone_merges_with_the_gemm_run(tmp_path):

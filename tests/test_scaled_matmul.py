@@ -25,6 +25,16 @@ the worst element read. Unpromoted, the error grows with K (about 2% of the
 result at K = 4096 in the report); test_accumulation_stays_at_fp32_level checks
 that it does not grow from K = 1024 to 16320, and the pallas file's promotion
 test compares against an emulated unpromoted accumulator.
+
+One kernel rounds more: the xla backend's "dequantize_bf16" variant rounds
+block-scaled operands (float32 scales) to bf16 once dequantized, so each element
+of A and B is off by up to u = 2**-8 of itself, each product by up to 2u, and each
+result element by up to 2u * (|A| @ |B|) on top of the others' error: a rigorous
+bound, `DEQUANTIZE_ROUNDING`, which its block cases are allowed (`allowance`);
+norm-wise it reads 2.2e-3 to 2.6e-3 of ||ref|| here, about sqrt(2/3) * u * 0.74
+(independent uniform roundings of log-distributed mantissas). Its other cases
+widen exactly and get no allowance. test_scaled_matmul_xla.py tests it against
+float64 at its expected level.
 """
 
 from __future__ import annotations
@@ -98,9 +108,23 @@ def skip_unless_supported(kernel, a, b, sa, sb, **kw) -> None:
     pytest.skip(f"{kernel} does not support this case: {reason}")
 
 
-def check(out, ref, bound, out_dtype, what=""):
+def check(out, ref, bound, out_dtype, what="", extra=0.0):
+  """`out` within the output's rounding, ACC_TOL and `extra`, the kernel's own allowance
+  (`allowance(kernel, kinds)`), of |A| @ |B| element-wise and of ||ref|| norm-wise."""
   assert out.dtype == out_dtype, (out.dtype, out_dtype)
-  assert_gemm_close(out, ref, bound, OUT_STEP[np.dtype(out_dtype)] + ACC_TOL, what)
+  assert_gemm_close(out, ref, bound, OUT_STEP[np.dtype(out_dtype)] + ACC_TOL + extra, what)
+
+
+# The block-scaled operands' bf16 rounding of the xla backend's "dequantize_bf16"
+# variant, relative to |A| @ |B| (module docstring).
+DEQUANTIZE_ROUNDING = 2 * 2.0**-8
+
+
+def allowance(kernel, *kinds) -> float:
+  """The allowance beyond ACC_TOL of `kernel` on a call with scales of `kinds` (float32):
+  DEQUANTIZE_ROUNDING for the dequantize_bf16 variant with block scales, else none."""
+  rounds = (kernel.backend, kernel.variant) == ("xla", "dequantize_bf16") and "block" in kinds
+  return DEQUANTIZE_ROUNDING if rounds else 0.0
 
 
 # The pallas variant that copies block scales through the TMA ring (block scales
@@ -131,7 +155,7 @@ def test_scale_kinds_dtypes_and_out_dtypes(kernel, case, rng):
   b, sb, b64 = operands(rng, (300, 200), db, B_BLOCK[kb], spread)
   skip_unless_supported(kernel, a, b, sa, sb, out_dtype=out_dtype)
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=out_dtype, **kernel.kw)
-  check(out, *reference(a64, b64), out_dtype, f"{case}")
+  check(out, *reference(a64, b64), out_dtype, f"{case}", allowance(kernel, ka, kb))
 
 
 # The first three cases take each scale kind and each layout once: the plain Pallas
@@ -162,7 +186,8 @@ def test_transposed_layouts(kernel, case, rng):
   skip_unless_supported(kernel, a, b, sa, sb, trans_a=trans_a, trans_b=trans_b)
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, trans_a=trans_a, trans_b=trans_b,
                               **kernel.kw)
-  check(out, *reference(a64.T if trans_a else a64, b64.T if trans_b else b64), F32)
+  check(out, *reference(a64.T if trans_a else a64, b64.T if trans_b else b64), F32,
+        extra=allowance(kernel, kind))
 
 
 def test_transposed_weight_reuses_forward_scales(kernel, rng):
@@ -170,7 +195,7 @@ def test_transposed_weight_reuses_forward_scales(kernel, rng):
   w, sw, w64 = operands(rng, (384, 256), E4M3, (128, 128))
   dy, sdy, dy64 = operands(rng, (24, 256), E5M2, (1, 128))
   out = jaxgemm.scaled_matmul(dy, w, sdy, sw, out_dtype=F32, trans_b=True, **kernel.kw)
-  check(out, *reference(dy64, w64.T), F32)
+  check(out, *reference(dy64, w64.T), F32, extra=allowance(kernel, "block"))
 
 
 BATCH_SHAPES = {"shared-weight": ((3, 2, 50, 130), (130, 140)),
@@ -197,7 +222,7 @@ def test_batches(kernel, case, rng):
     assert sa.shape == sb.shape == ()
   skip_unless_supported(kernel, a, b, sa, sb)
   out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, **kernel.kw)
-  check(out, *reference(a64, b64), F32)
+  check(out, *reference(a64, b64), F32, extra=allowance(kernel, kind))
 
 
 @TMA_ONLY_ON_GPU
@@ -206,7 +231,7 @@ def test_scale_without_batch_dims_applies_to_every_entry(kernel, rng):
   b, sb, b64 = operands(rng, (4, 130, 20), E4M3, (128, 128))
   a4 = jnp.broadcast_to(a, (4, 50, 130))
   out = jaxgemm.scaled_matmul(a4, b, sa, sb, out_dtype=F32, **kernel.kw)
-  check(out, *reference(dequantized(a, sa, (1, 128)), b64), F32)
+  check(out, *reference(dequantized(a, sa, (1, 128)), b64), F32, extra=allowance(kernel, "block"))
 
 
 @TMA_ONLY_ON_GPU   # test_each_k_block_is_promoted_to_fp32 runs it at K = 16320
@@ -222,14 +247,14 @@ def test_accumulation_stays_at_fp32_level(kernel, kind, rng):
     skip_unless_supported(kernel, a, b, sa, sb)
     out = jaxgemm.scaled_matmul(a, b, sa, sb, out_dtype=F32, **kernel.kw)
     ref, bound = reference(a64, b64)
-    assert_gemm_close(out, ref, bound, ACC_TOL, f"K={k}")
+    assert_gemm_close(out, ref, bound, ACC_TOL + allowance(kernel, kind), f"K={k}")
     errors.append(float(np.max(np.abs(as_f64(out) - ref) / bound)))
     norm_errors.append(float(np.linalg.norm(as_f64(out) - ref) / np.linalg.norm(ref)))
   # Promoted, the error relative to ||ref|| stays flat in K; one reduced-precision
   # accumulator over all of K grows ~sqrt(16) = 4x from K = 1024 to 16320. (Plus
   # 2**-17, fp32 accumulation's own level, far below the H200's 1.2e-4.)
   assert norm_errors[-1] <= 2 * norm_errors[0] + 2.0**-17, norm_errors
-  if kernel.is_xla:   # XLA accumulates in fp32: far below the allowance
+  if kernel.is_xla and not allowance(kernel, kind):   # XLA accumulates in fp32: far below it
     assert max(errors) < 2.0**-17, errors
 
 
@@ -248,16 +273,17 @@ def test_jit_and_vmap(kernel, rng):
   """Under jit; vmap over activations (joins M), over both operands, and over
   per-example per-tensor scales (become per-row scales)."""
   kw = dict(out_dtype=F32, **kernel.kw)
+  block = allowance(kernel, "block")
   a, sa, a64 = operands(rng, (4, 20, 260), E4M3, (1, 128))
   b, sb, b64 = operands(rng, (260, 30), E4M3, (128, 128))
   f = lambda a, b, sa, sb: jaxgemm.scaled_matmul(a, b, sa, sb, **kw)
-  check(jax.jit(f)(a, b, sa, sb), *reference(a64, b64), F32, "jit")
+  check(jax.jit(f)(a, b, sa, sb), *reference(a64, b64), F32, "jit", block)
   out = jax.vmap(f, in_axes=(0, None, 0, None))(a, b, sa, sb)
-  check(out, *reference(a64, b64), F32, "vmap a")
+  check(out, *reference(a64, b64), F32, "vmap a", block)
   bs = [operands(rng, (260, 30), E5M2, (128, 128)) for _ in range(4)]
   bq, bsc = jnp.stack([x[0] for x in bs]), jnp.stack([x[1] for x in bs])
   out = jax.jit(jax.vmap(f, in_axes=(0, 0, 0, 0)))(a, bq, sa, bsc)
-  check(out, *reference(a64, np.stack([x[2] for x in bs])), F32, "vmap both")
+  check(out, *reference(a64, np.stack([x[2] for x in bs])), F32, "vmap both", block)
   # Per-example tensor scales, vmapped (a mapped, then b mapped with a shared).
   ts = [operands(rng, (20, 64), E4M3, None, spread=False) for _ in range(4)]
   aq, asc = jnp.stack([x[0] for x in ts]), jnp.stack([x[1] for x in ts])
@@ -272,7 +298,7 @@ def test_jit_and_vmap(kernel, rng):
   # Nested vmap over a batched call.
   out = jax.vmap(jax.vmap(f, in_axes=(0, None, 0, None)), in_axes=(0, None, 0, None))(
       a.reshape(2, 2, 20, 260), b, sa.reshape(2, 2, 20, 3), sb)
-  check(out, *reference(a64.reshape(2, 2, 20, 260), b64), F32, "nested vmap")
+  check(out, *reference(a64.reshape(2, 2, 20, 260), b64), F32, "nested vmap", block)
 
 
 @TMA_ONLY_ON_GPU
@@ -288,7 +314,7 @@ def test_vmap_transposed(kernel, kind, rng):
   skip_unless_supported(kernel, a[0], b, sa if kind == "tensor" else sa[0], sb,
                         trans_a=True, trans_b=True)
   out = jax.vmap(f, in_axes=(0, None if kind == "tensor" else 0))(a, sa)
-  check(out, *reference(np.swapaxes(a64, -1, -2), b64.T), F32)
+  check(out, *reference(np.swapaxes(a64, -1, -2), b64.T), F32, extra=allowance(kernel, kind))
 
 
 def test_not_differentiable_names_the_training_path(kernel):

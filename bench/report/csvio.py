@@ -4,7 +4,9 @@ CSV: one row per measurement (a kernel on a problem, XLA's own op on a problem -
 dot, or for the moe suites its ragged_dot -- jax's example grouped GEMM kernel, a
 training step, one step's loss, the copy bandwidth; for the epilogue suites XLA's
 program of the jnp expression; for the fp8 suites XLA's scaled form and its other
-programs, `xla_peer`, with `xla_ref` naming the program each ratio is against), with the
+programs, `xla_peer`, with `xla_ref` naming the program each ratio is against: the
+strongest of XLA's baselines, `speedup_vs_paired` the ratio to the scaled form timed
+beside it), with the
 run's provenance
 (device, driver, versions, git commit, date, timer, input distribution) on
 every row. Everything made after it (REPORT.md, the tables, the plots, the
@@ -36,7 +38,8 @@ COLUMNS = [
     "timer", "iters", "rotate", "working_set_mb",
     "time_ms_median", "time_ms_p10", "time_ms_p90", "time_ms_iqr", "time_ms_min",
     "tflops", "pct_peak", "gbps", "pct_copy_bw", "memory_bound",
-    "xla_time_ms", "speedup_vs_xla", "example_time_ms", "speedup_vs_example",
+    "xla_time_ms", "speedup_vs_xla", "speedup_vs_paired", "example_time_ms",
+    "speedup_vs_example",
     "compile_s", "first_run_s",
     "tokens_per_step", "tokens_per_s", "step_wall_ms", "steps", "step", "loss", "loss_first",
     "loss_last",

@@ -7,8 +7,9 @@
     problem.py    ScaledMatmulProblem: one scaled_matmul_p call (fp8 dtypes, scale kind)
     primitive.py  scaled_matmul_p and its rules: abstract eval, lowering through
                   jaxgemm.dispatch, batching, sharding (block scales sliced per device)
-    xla.py        backend "xla": XLA's program of the scaled form (what "auto" runs
-                  and the benchmark compares against)
+    xla.py        backend "xla": XLA's programs, its FP8 GEMM of the scaled form
+                  ("dot_general": what "auto" runs untuned and the benchmark compares
+                  against) and the operands dequantized to bf16 ("dequantize_bf16")
     triton.py     backend "triton": jaxgemm.kernels.triton.scaled_matmul (FP8 wgmma,
                   partial sums promoted to fp32 every 128 of K)
     pallas.py     backend "pallas": jaxgemm.kernels.pallas.scaled_matmul (Mosaic GPU,
