@@ -176,6 +176,12 @@ def _tuned(problem: Problem, kind: str, backend: str | None,
   return out
 
 
+def _is_reference(choice: Choice, problem: Problem) -> bool:
+  """Whether `choice` is XLA's own program (what auto runs unless another beat it)."""
+  return (choice.backend == FALLBACK
+          and choice.variant == registry.get_backend(FALLBACK, problem.op).variants[-1])
+
+
 def choose(problem: Problem, backend: str = AUTO, variant: str | None = None,
            config: KernelConfig | None = None, *, platform: str | None = None) -> Choice:
   """The kernel that runs `problem` (see the module docstring for the order).
@@ -196,7 +202,7 @@ def choose(problem: Problem, backend: str = AUTO, variant: str | None = None,
   kind = device_kind(platform)
   if b is None:
     tuned = _tuned(problem, kind, None, None)
-    if tuned and tuned[0][1].backend != FALLBACK and tuned[0][0] >= AUTO_MARGIN:
+    if tuned and not _is_reference(tuned[0][1], problem) and tuned[0][0] >= AUTO_MARGIN:
       return tuned[0][1]
     if not tuned:
       for name in registry.backends(problem.op):

@@ -162,11 +162,15 @@ def override(**changes) -> Iterator[Settings]:
 
 
 def _backends_to_measure(problem: Problem, backend: str) -> list[str]:
+  """The backends whose candidates a measurement times: every usable one for "auto"
+  (XLA's among them where it has programs beyond its reference: scaled_matmul's
+  dequantize-then-bf16 dot), else the named one."""
   if backend != dispatch.AUTO:
     return [backend]
   chosen = settings().backends
   return [b for b in registry.backends(problem.op)
-          if b != dispatch.FALLBACK and (chosen is None or b in chosen)]
+          if (chosen is None or b in chosen)
+          and (b != dispatch.FALLBACK or len(registry.get_backend(b, problem.op).variants) > 1)]
 
 
 def _xla_variant(problem: Problem) -> str:

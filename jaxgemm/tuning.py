@@ -314,11 +314,12 @@ def _candidates(problem: Problem, backends: Iterable[str], max_candidates: int |
 
 
 def _backend_candidates(problem: Problem, name: str, max_candidates: int | None):
-  """One backend's candidates for `_candidates`, in its own order."""
+  """One backend's candidates for `_candidates`, in its own order (XLA's: its programs
+  other than the reference, `_xla_variant`, which is timed anyway)."""
   b = registry.get_backend(name, problem.op)
   seen, passed = set(), 0
   for variant, config in b.tuning_candidates(problem):
-    if (variant, config) in seen:
+    if (variant, config) in seen or (name == "xla" and variant == _xla_variant(problem)):
       continue
     if max_candidates is not None and passed >= max_candidates:
       break
@@ -362,8 +363,9 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     fn, *args, **kwargs: a function and example arguments (arrays or
       `jax.ShapeDtypeStruct`s); traced, not run, to find its `matmul_p`s.
     problems: `Problem`s to tune as well (or instead of `fn`).
-    backends: the kernel backends to try (default: every usable one but
-      `xla`, which is always timed as the reference). Each must be usable here
+    backends: the kernel backends to try (default: every usable one; `xla`'s
+      reference program is always timed, and its other programs, where it has
+      some, are candidates like a kernel's). Each must be usable here
       for at least one op of the problems (`jaxgemm.backends(op)`); it is tried
       on the problems of the ops it serves. ValueError otherwise.
     backward: also tune the gradient GEMMs of each problem found.
@@ -426,9 +428,11 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
   if iters is None:
     iters = 20 if platform == "gpu" else 3
   ops = {p.op for p in found} or set(registry.ops())
-  if backends is None:   # every kernel backend of the ops found, in registration order
-    backends = list(dict.fromkeys(b for op in registry.ops() if op in ops
-                                  for b in registry.backends(op) if b != dispatch.FALLBACK))
+  if backends is None:   # every kernel backend of the ops found, in registration order,
+    # and XLA's where it has programs beyond its reference (scaled_matmul's dequantize)
+    backends = list(dict.fromkeys(
+        b for op in registry.ops() if op in ops for b in registry.backends(op)
+        if b != dispatch.FALLBACK or len(registry.get_backend(b, op).variants) > 1))
   backends = _checked_backends(backends, ops)
   report = TuningReport(kind, path, timer.label)
   say = log or (lambda _: None)

@@ -251,3 +251,27 @@ def test_a_cache_record_of_other_libraries_is_stale(fresh, rng):
   p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
   assert tuning_cache.measured_backends(p, KIND, "dot_general") is None
   assert lowered_choice(a, b).backend == "xla"
+
+
+def test_auto_may_run_xlas_dequantize_program_where_it_measured_fastest(fresh, rng):
+  """Block-scaled FP8 at few rows: XLA's dequantize-then-bf16 program is a candidate
+  (issue 44: 0.39-0.51x of it on a GPU), and auto runs it where it measured fastest."""
+  x = jnp.asarray(rng.standard_normal((32, 256)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)
+  (xq, xs), (wq, ws) = jaxgemm.quantize(x, block=(1, 128)), jaxgemm.quantize(w, block=(128, 128))
+  timer = FakeTimer({"xla": 1.0, "triton": 2.0})
+  ms = lambda f, args, iters, chunk=None: (
+      [0.5] * iters if tuning.program_of(f).variant == "dequantize_bf16"
+      else FakeTimer.time(timer, f, args, iters))
+  timer.time = ms
+  with measuring(timer, backends=("xla", "triton")):
+    out = jax.jit(lambda *a: jaxgemm.scaled_matmul(*a))(xq, wq, xs, ws)   # bf16 out
+  measured, = {p for p in timer.problems}
+  c = dispatch.choose(measured, "auto")
+  assert (c.backend, c.variant) == ("xla", "dequantize_bf16")
+  ref = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  # fp8 e4m3 keeps 3 mantissa bits: each operand within 2^-4 of itself, so the product
+  # of norms within ~2 * 2^-4 / sqrt(3) (uniform rounding) of the exact one; the bf16
+  # dequantization and output add 2^-8 each.
+  out = np.asarray(out, np.float64)
+  assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 0.08
