@@ -356,6 +356,7 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
              log: Callable[[str], Any] | None = print, max_candidates: int | None = None,
              keep_partial: bool = False, timer: Timer | None = None,
              xla_programs: str = "spread", max_rotate: int = MAX_ROTATE,
+             candidate_budget_s: float | None = None,
              **kwargs) -> TuningReport:
   """Tunes the GEMMs of `fn(*args, **kwargs)` (and/or `problems`); stores the winners.
 
@@ -388,6 +389,11 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
       user's process may get (`XLA_PICK_SPREAD`: two compiles of XLA's dot);
       "own" against XLA's dot as this process compiles it (one compile: what
       `jaxgemm.measure` uses, for the process that will run the pick).
+    candidate_budget_s: per problem, no new candidate starts after this many
+      seconds from the start of its first (XLA's reference, timed before, is
+      not counted: XLA's compile of an FP8 dot took 9-12 s on an H100, which
+      the program that uses it pays anyway; the measure probe's fp8.py at 1c9c7ee).
+      None: only `time_budget_s` bounds it.
     max_rotate: at most this many input sets rotate for a problem smaller than
       about twice the L2 (fewer compile faster; operands of the sets then may
       share the L2, for XLA's program and the kernels alike).
@@ -464,8 +470,11 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     report.compile_s += c_s
     finished = True
     timed = []   # (trial, its compiled kernel) of the candidates that passed
+    t_candidates = time.perf_counter()
     for name, variant, config, why in _candidates(problem, backends, max_candidates):
-      if time.perf_counter() - t_start > time_budget_s:
+      now = time.perf_counter()
+      if now - t_start > time_budget_s or (
+          candidate_budget_s is not None and now - t_candidates > candidate_budget_s):
         finished = False
         break
       trial = Trial(problem, name, variant, config, "unsupported", note=why or "")
