@@ -558,6 +558,12 @@ def run_problem(ctx: Context, bp: P.BenchProblem, kernels: list[tuple[str, str]]
       with Watchdog(ctx, row, f"{backend}/{variant} on {bp.name}"):
         _run_kernel(ctx, bp, dtype_name, row, make_fn, bufs, refs, n_rot, ref_compiled, key,
                     ops.arity_of(bp), solo, tol=tol)
+      if backend == AUTO and row.get("compile_s") not in (None, ""):
+        # The compile measured a problem with no record (jaxgemm.measure): what ran is
+        # the measured pick, not the choice before it.
+        ran = choice(bp, dtype_name, backend, variant, ops)
+        if ran is not None and ran != picked:
+          row.update(chosen=describe_choice(ran), config=ran.config.to_json())
     if finish is not None:
       finish(row)
     emit(row)
