@@ -49,6 +49,17 @@ TEST_TIMEOUT_S = float(os.environ.get("JAXGEMM_TEST_TIMEOUT", 600))
 # the Mosaic GPU interpreter ran one 20-step MLP test on pallas for over 120 s,
 # while all 24 heavy tests of the 6 Triton rungs took 26 s together.
 SLOW_INTERPRETERS = {"pallas"}
+# Kernels whose every case a file of their own checks, so the shared base's heavy
+# products (`slow_for_kernels`) sample them on the CPU as they do a slow interpreter's:
+# scaled_matmul's xla "dequantize_bf16" (tests/test_scaled_matmul_xla.py) took 51 s of
+# CI's CPU in the shared product (at 949dcdc).
+SAMPLED_KERNELS = {("xla", "dequantize_bf16")}
+
+
+def sampled_on_cpu(kernel) -> bool:
+  """Whether the shared base's heavy products leave most of `kernel`'s cases to the
+  GPU tier: a slow interpreter's kernel, or one of SAMPLED_KERNELS."""
+  return kernel.backend in SLOW_INTERPRETERS or (kernel.backend, kernel.variant) in SAMPLED_KERNELS
 
 # A user's tuning cache must not change which kernels the tests run: off,
 # unless a test points JAXGEMM_AUTOTUNE_CACHE at its own file. (The tables
@@ -120,11 +131,11 @@ def pytest_generate_tests(metafunc):
   only = heavy.kwargs.get("variants") if heavy is not None else None
   on_cpu = heavy.kwargs.get("cpu_variants") if heavy is not None else None
   rotate = heavy.kwargs.get("rotate", False) if heavy is not None else False
-  slow_kernels = [k for k in kernels if k.backend in SLOW_INTERPRETERS
+  slow_kernels = [k for k in kernels if sampled_on_cpu(k)
                   and (on_cpu is None or k.variant in on_cpu)]
 
   def marks_of(k, case_index=0):
-    if heavy is None or k.backend not in SLOW_INTERPRETERS:
+    if heavy is None or not sampled_on_cpu(k):
       return []
     if on_cpu is not None and k.variant not in on_cpu:
       slow = True

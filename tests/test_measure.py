@@ -279,3 +279,47 @@ def test_auto_may_run_xlas_dequantize_program_where_it_measured_fastest(fresh, r
   # dequantization and output add 2^-8 each.
   out = np.asarray(out, np.float64)
   assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 0.08
+
+
+def test_two_processes_run_process_0s_kernel(tmp_path):
+  """Two real processes (jax.distributed on the CPU, gloo): each cache names another
+  kernel for the problem, and both run process 0's, agreed by a broadcast inside the
+  lowering (`measure.agree`)."""
+  import socket
+  import subprocess
+  import sys
+  from pathlib import Path
+
+  p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
+  triton = jaxgemm.registry.get_backend("triton")
+  config = {k: v for k, v in triton.default_config(p, "tensorcore").to_dict().items()
+            if k != "backend"}
+
+  def cache(kernel_ms):
+    version = lambda b, v: tuning_cache.kernel_version(b, "matmul", variant=v)
+    entries = {
+        tuning_cache.entry_key(KIND, "xla", "dot_general", p): {p.shape_key(): {
+            "config": {}, "time_ms": 1.0, "xla_time_ms": 1.0,
+            "version": version("xla", "dot_general")}},
+        tuning_cache.entry_key(KIND, "triton", "tensorcore", p): {p.shape_key(): {
+            "config": config, "time_ms": kernel_ms, "xla_time_ms": 1.0,
+            "version": version("triton", "tensorcore")}}}
+    return {"format": tuning_cache.FORMAT, "entries": entries}
+
+  files = []
+  for i, kernel_ms in enumerate((0.5, 2.0)):   # process 0: triton wins; process 1: XLA
+    files.append(tmp_path / f"cache{i}.json")
+    files[-1].write_text(json.dumps(cache(kernel_ms)))
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  script = Path(__file__).with_name("measure_two_processes.py")
+  procs = [subprocess.Popen([sys.executable, str(script), str(port), str(i), str(files[i])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  outs = [proc.communicate(timeout=300) for proc in procs]
+  for proc, (out, err) in zip(procs, outs):
+    assert proc.returncode == 0, err[-3000:]
+  lines = [[l for l in out.splitlines() if l.startswith(("CHOICE", "SUM"))] for out, _ in outs]
+  assert lines[0] == lines[1]
+  assert lines[0][0] == "CHOICE triton/tensorcore"
