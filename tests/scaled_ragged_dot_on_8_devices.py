@@ -64,13 +64,15 @@ LAYOUTS = {
     "experts": (P(None, None), P("d", None, None), ((8,), ("d",))),
     "tokens-and-experts": (P("x", None), P("y", None, None), ((2, 4), ("x", "y"))),
     "experts-and-columns": (P(None, None), P("x", None, "y"), ((2, 4), ("x", "y"))),
+    # K split (32 per device, inside one 128-block): partial sums, one all-reduce
+    "k": (P(None, "d"), P(None, "d", None), ((8,), ("d",))),
 }
 
 
 def _scale_specs(kind, lhs_spec, rhs_spec):
   """The scales sharded with their operands: per row with lhs's M, per column with rhs's G
   and N; block scales with their operand's M or G (their block factors stay whole)."""
-  m, (g, _, n) = lhs_spec[0], rhs_spec
+  m, (g, _, n) = lhs_spec[0], rhs_spec   # a split K: block scales sliced per device
   return {"tensor": (P(), P()), "row_col": (P(m, None), P(g, None, n)),
           "block": (P(m, None), P(g, None, None))}[kind]
 
@@ -81,7 +83,7 @@ def _scale_specs(kind, lhs_spec, rhs_spec):
 CASES = ([("shardy", "block", layout) for layout in LAYOUTS]
          + [("shardy", "row_col", "tokens-and-experts"), ("shardy", "row_col",
                                                           "experts-and-columns"),
-            ("shardy", "tensor", "tokens-and-experts"),
+            ("shardy", "tensor", "tokens-and-experts"), ("shardy", "row_col", "k"),
             ("gspmd", "block", "experts"), ("gspmd", "row_col", "tokens-and-experts")])
 
 
@@ -90,7 +92,7 @@ CASES = ([("shardy", "block", layout) for layout in LAYOUTS]
                          indirect=["partitioner"])
 def test_tokens_local_and_experts_parallel(partitioner, kind, layout):
   """Each layout against float64 of the dequantized operands; no operand gathered; the
-  experts' axis summed with one all-reduce; each device's local problem holds its own
+  experts' (or K's) axis summed with one all-reduce; each device's local problem holds its own
   rows and experts."""
   lhs_spec, rhs_spec, (shape, names) = LAYOUTS[layout]
   mesh = _mesh(shape, names)
@@ -109,13 +111,14 @@ def test_tokens_local_and_experts_parallel(partitioner, kind, layout):
   assert not np.any(as_f64(out)[SIZES.sum():])
   hlo = compiled.as_text()
   assert not float_gathers(hlo), float_gathers(hlo)
-  reduces = rhs_spec[0] is not None
+  reduces = rhs_spec[0] is not None or rhs_spec[1] is not None
   assert ("all-reduce" in hlo or "reduce-scatter" in hlo) == reduces
   local = [r.problem for r in seen if r.problem.op == "scaled_ragged_dot"]
   size = dict(zip(names, shape))
   shards = lambda axis: 1 if axis is None else size[axis]
   assert local and all(
       (p.m, p.groups, p.k, p.n, p.scale_kind) == (M // shards(lhs_spec[0]),
-                                                   G // shards(rhs_spec[0]), K,
+                                                   G // shards(rhs_spec[0]),
+                                                   K // shards(rhs_spec[1]),
                                                    N // shards(rhs_spec[2]), kind)
       for p in local), local
