@@ -114,10 +114,9 @@ DTYPE_PAIRS = [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)]
 CASES = (
     # each kind pairing, the fp8 pairings in turn
     [(ka, kb, *DTYPE_PAIRS[i % 3], BF16) for i, (ka, kb) in enumerate(KIND_PAIRS)]
-    # every fp8 pairing with block scales, and each kind with the other out dtypes
+    # every fp8 pairing with block scales, and each kind with a float32 result
     + [("block", "block", da, db, BF16) for da, db in DTYPE_PAIRS[:2]]
-    + [(k, k, E4M3, E5M2, F32) for k in ("tensor", "row_col", "block")]
-    + [("block", "block", E5M2, E4M3, F16)])
+    + [(k, k, E4M3, E5M2, F32) for k in ("tensor", "row_col", "block")])
 
 
 @pytest.mark.cases([pytest.param(c, id=f"{c[0]}-{c[1]}-{c[2].name}-{c[3].name}-{c[4].name}")
@@ -283,16 +282,6 @@ def test_bad_inputs_name_the_argument(bad):
   _, call, error, match = bad
   with pytest.raises(error, match=match):
     call()
-
-
-def test_row_scales_combine_with_block_weights(rng):
-  """A per-row lhs_scale with block rhs scales (the row scale is constant over each
-  1x128 block): valid, and the same as the block scales it broadcasts to."""
-  (x, w, sx, sw), (x64, w64) = case_operands(rng, "row_col", "block", k=256, n=128)
-  out = jaxgemm.scaled_ragged_dot(x, w, jnp.array(SIZES), sx, sw, out_dtype=F32)
-  wide = jnp.broadcast_to(sx, (M, 2))
-  same = jaxgemm.scaled_ragged_dot(x, w, jnp.array(SIZES), wide, sw, out_dtype=F32)
-  np.testing.assert_array_equal(out, same)
 
 
 # ---------------------------------------------------------------- the op's record
