@@ -26,6 +26,7 @@ from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,
                                     ragged_dot_general, ragged_dot_p)
 from jaxgemm.ops.scaled_matmul import (Fp8Recipe, ScaledMatmulProblem, quantize,
                                        scaled_matmul)
+from jaxgemm.ops.scaled_ragged_dot import ScaledRaggedDotProblem, scaled_ragged_dot
 from jaxgemm.registry import backends, variants
 from jaxgemm.tuning import autotune, problems_in
 
@@ -41,6 +42,7 @@ __all__ = [
     "RaggedDotProblem",
     "RaggedDotTritonConfig",
     "ScaledMatmulProblem",
+    "ScaledRaggedDotProblem",
     "TritonConfig",
     "XlaConfig",
     "XlaRaggedDotConfig",
@@ -58,5 +60,6 @@ __all__ = [
     "ragged_dot_general",
     "ragged_dot_p",
     "scaled_matmul",
+    "scaled_ragged_dot",
     "variants",
 ]

@@ -1,0 +1,34 @@
+"""The FP8 grouped GEMM: `scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale)`
+over one primitive, `scaled_ragged_dot_p`.
+
+    api.py        scaled_ragged_dot (the public function: checks, scale kinds)
+    problem.py    ScaledRaggedDotProblem: one scaled_ragged_dot_p call (fp8 dtypes,
+                  scale kind)
+    primitive.py  scaled_ragged_dot_p and its rules: abstract eval, lowering through
+                  jaxgemm.dispatch, batching, sharding (tokens local, experts
+                  expert-parallel, block scales sliced per device); registers the op
+    xla.py        backend "xla": lax.ragged_dot of the fp8 values widened to bf16,
+                  the scales on its fp32 partial sums (every 128 of K with block
+                  scales): the reference, and what "auto" runs
+
+Scale kinds, as `jaxgemm.quantize` returns them (G a batch dimension of rhs, so
+the blocks are per expert): per tensor (() and ()), per row of lhs and column of
+each expert ((M, 1), (G, 1, N)), and blocks (1x128 of lhs, (M, ceil(K/128));
+128x128 of each expert, (G, ceil(K/128), ceil(N/128))).
+
+Differentiation: none (the JVP rule raises, as scaled_matmul's does); the FP8
+training path for grouped GEMMs, `ragged_dot(..., fp8=)`, is planned (issue 45).
+Kernels (Triton, Pallas) are to register after "xla", as scaled_matmul's do.
+
+Importing this package registers the op and its backends, in preference order.
+"""
+
+from jaxgemm.ops.scaled_ragged_dot import primitive  # noqa: F401 (registers the op first)
+from jaxgemm.ops.scaled_ragged_dot import xla  # noqa: F401 (backends, in this order)
+from jaxgemm.ops.scaled_ragged_dot.api import scaled_ragged_dot
+from jaxgemm.ops.scaled_ragged_dot.primitive import scaled_ragged_dot_p
+from jaxgemm.ops.scaled_ragged_dot.problem import ScaledRaggedDotProblem
+from jaxgemm.ops.scaled_ragged_dot.xla import XlaScaledRaggedDotConfig
+
+__all__ = ["ScaledRaggedDotProblem", "XlaScaledRaggedDotConfig", "scaled_ragged_dot",
+           "scaled_ragged_dot_p"]
