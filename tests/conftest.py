@@ -49,17 +49,17 @@ TEST_TIMEOUT_S = float(os.environ.get("JAXGEMM_TEST_TIMEOUT", 600))
 # the Mosaic GPU interpreter ran one 20-step MLP test on pallas for over 120 s,
 # while all 24 heavy tests of the 6 Triton rungs took 26 s together.
 SLOW_INTERPRETERS = {"pallas"}
-# Kernels whose every case a file of their own checks, so the shared base's heavy
-# products (`slow_for_kernels`) sample them on the CPU as they do a slow interpreter's:
-# scaled_matmul's xla "dequantize_bf16" (tests/test_scaled_matmul_xla.py) took 51 s of
-# CI's CPU in the shared product (at 949dcdc).
-SAMPLED_KERNELS = {("xla", "dequantize_bf16")}
+# Kernels whose every case a file of their own checks on the CPU, so the shared base
+# runs them in the GPU tier only: scaled_matmul's xla "dequantize_bf16"
+# (tests/test_scaled_matmul_xla.py), which took 51 s of CI's CPU in the shared base
+# (at 949dcdc).
+OWN_FILE_KERNELS = {("scaled_matmul", "xla", "dequantize_bf16")}
 
 
 def sampled_on_cpu(kernel) -> bool:
-  """Whether the shared base's heavy products leave most of `kernel`'s cases to the
-  GPU tier: a slow interpreter's kernel, or one of SAMPLED_KERNELS."""
-  return kernel.backend in SLOW_INTERPRETERS or (kernel.backend, kernel.variant) in SAMPLED_KERNELS
+  """Whether the shared base's heavy products (`slow_for_kernels`) leave most of
+  `kernel`'s cases to the GPU tier: a slow interpreter's kernel."""
+  return kernel.backend in SLOW_INTERPRETERS
 
 # A user's tuning cache must not change which kernels the tests run: off,
 # unless a test points JAXGEMM_AUTOTUNE_CACHE at its own file. (The tables
@@ -135,6 +135,8 @@ def pytest_generate_tests(metafunc):
                   and (on_cpu is None or k.variant in on_cpu)]
 
   def marks_of(k, case_index=0):
+    if (op_marker.args[0], k.backend, k.variant) in OWN_FILE_KERNELS:
+      return [pytest.mark.slow]
     if heavy is None or not sampled_on_cpu(k):
       return []
     if on_cpu is not None and k.variant not in on_cpu:
