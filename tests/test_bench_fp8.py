@@ -297,6 +297,8 @@ def test_fp8_trajectory_gate_takes_the_running_mean():
   assert T._running_mean([1.0, 2.0, 3.0], 10) == [2.0]
 
 
+# 17 s of CI's CPU (at 7c98e04): in the GPU tier, where the training check it guards runs.
+@pytest.mark.slow
 def test_fp8_training_detects_a_wrong_gemm():
   """An FP8 GEMM that contracts the wrong rows of W trains to different gradients: a failure
   row; the right one agrees (FP8's own bounds) and reports its last-step loss difference."""

@@ -139,9 +139,10 @@ DTYPE_PAIRS = [(E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2), (E5M2, E4M3)]
 
 
 # Mosaic GPU's interpreter takes ~7 s a case: on the CPU the plain Pallas variant runs the
-# first 12 (each kind with every dtype pair), the GPU tier the rest and the TMA-scales
-# variant's block cases (the CPU runs that variant in the batches and promotion tests).
-@pytest.mark.slow_for_kernels(keep=12, cpu_variants=("warp_specialized",))
+# first 6, the GPU tier the rest and the TMA-scales variant's block cases (the CPU runs
+# that variant in the batches and promotion tests; every case runs on Triton's
+# interpreter). 6, not 12, since issue 44's tests brought CI to 24:23 (at 7c98e04).
+@pytest.mark.slow_for_kernels(keep=6, cpu_variants=("warp_specialized",))
 @pytest.mark.cases([pytest.param((ka, kb, da, db, BF16), id=f"{ka}-{kb}-{da.name}-{db.name}")
                     for ka, kb in KIND_PAIRS for da, db in DTYPE_PAIRS]
                    + [pytest.param((k, k, E4M3, E4M3, o), id=f"{k}-out-{o.name}")
@@ -171,7 +172,7 @@ TRANSPOSED_CASES = [
 
 
 @pytest.mark.cases(TRANSPOSED_CASES)
-@pytest.mark.slow_for_kernels(keep=3, cpu_variants=("warp_specialized",))
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=("warp_specialized",))
 def test_transposed_layouts(kernel, case, rng):
   """Operands stored transposed, with their scales as quantize returns them for the
   stored array (the backward's layouts: the forward's fp8 tensors reused)."""
@@ -211,7 +212,7 @@ BATCH_CASES = [pytest.param((kind, form), id=f"{form}-{kind}") for kind, form in
 
 
 @pytest.mark.cases(BATCH_CASES)
-@pytest.mark.slow_for_kernels(keep=3, cpu_variants=("warp_specialized",))
+@pytest.mark.slow_for_kernels(keep=1, cpu_variants=("warp_specialized",))
 def test_batches(kernel, case, rng):
   """Leading batch dimensions as in jnp.matmul, with scales per batch entry."""
   kind, form = case

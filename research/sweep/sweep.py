@@ -7,7 +7,7 @@ of every op, resumable in 10-minute calls, one tuning file per device kind.
     python3 research/sweep/sweep.py run --tiny --card-dir /tmp/sweep --backends triton   # CPU
 
 The problems (`generate`, deterministic from `--seed`; written once to
-`<card-dir>/problems.json`, which every later call and card reads, so the set is pinned):
+`<card-dir>/problems.json.gz`, which every later call and card reads, so the set is pinned):
 
 * model shapes (`model_problems`): the projections of Llama-3 8B and 70B, Mixtral-8x7B,
   Qwen3-MoE (30B-A3B) and DeepSeek-V3 (MLA, dense MLP, router) at prefill token counts
@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import gzip
 import hashlib
 import json
 import math
@@ -375,7 +376,15 @@ def from_json(d: dict):
 
 
 def problems_file(card_dir: Path) -> Path:
-  return card_dir / "problems.json"
+  """The pinned list, gzipped: 1.27 MB of JSON is 56 KB so (the checkout stays under
+  issue 43's 8 MB)."""
+  return card_dir / "problems.json.gz"
+
+
+def read_problems(path: Path) -> dict:
+  """The pinned list's JSON ({"params": ..., "problems": [[source, problem], ...]})."""
+  with gzip.open(path, "rt") as f:
+    return json.load(f)
 
 
 def load_or_generate(card_dir: Path, seed: int, counts: dict[str, int], tiny: bool, log):
@@ -384,7 +393,7 @@ def load_or_generate(card_dir: Path, seed: int, counts: dict[str, int], tiny: bo
   params = {"seed": seed, "counts": counts, "tiny": tiny, "generator": GENERATOR_VERSION}
   path = problems_file(card_dir)
   if path.exists():
-    data = json.loads(path.read_text())
+    data = read_problems(path)
     if data.get("params") == params:
       return [(s, from_json(d)) for s, d in data["problems"]]
     raise SystemExit(f"{path} was made with {data.get('params')}, not {params}: name another "
@@ -393,8 +402,8 @@ def load_or_generate(card_dir: Path, seed: int, counts: dict[str, int], tiny: bo
   items = generate(seed, counts, tiny)
   card_dir.mkdir(parents=True, exist_ok=True)
   tmp = path.with_suffix(".tmp")
-  tmp.write_text(json.dumps({"params": params, "problems": [[s, to_json(p)] for s, p in items]},
-                            indent=0))
+  with gzip.open(tmp, "wt") as f:
+    json.dump({"params": params, "problems": [[s, to_json(p)] for s, p in items]}, f, indent=0)
   os.replace(tmp, path)
   log(f"generated {len(items)} problems in {time.perf_counter() - t0:.1f} s -> {path}")
   return items
@@ -643,7 +652,7 @@ def summarize_card(card_dir: Path, files: CardFiles, items, log) -> Path:
 def summarize(args) -> int:
   card_dir = Path(args.card_dir)
   path = problems_file(card_dir)
-  items = ([(s, from_json(d)) for s, d in json.loads(path.read_text())["problems"]]
+  items = ([(s, from_json(d)) for s, d in read_problems(path)["problems"]]
            if path.exists() else [])
   caches = sorted(card_dir.glob("*.cache.json"))
   if not caches:
