@@ -13,10 +13,11 @@ reference (XLA's dot), as the benchmark and the autotuner compare them.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import time
-from typing import Callable
+from typing import Callable, ContextManager
 
 import jax
 import numpy as np
@@ -101,10 +102,18 @@ def _as_list(timings, iters) -> list[float]:
 
 
 class Timer:
-  """Picks CUPTI on a GPU (if its profiler imports), else wall clock."""
+  """Picks CUPTI on a GPU (if its profiler imports), else wall clock.
 
-  def __init__(self, platform: str, force_wall: bool = False):
+  device_lock: a context manager factory held around everything the autotuner runs on
+  the device (XLA's compile, which autotunes on it, every call and every timing), so that
+  processes sharing one GPU compile their kernels side by side and time one at a time
+  (research/sweep/sweep.py's workers); none by default.
+  """
+
+  def __init__(self, platform: str, force_wall: bool = False,
+               device_lock: Callable[[], ContextManager] | None = None):
     self.platform = platform
+    self.owns_device = device_lock or contextlib.nullcontext
     self._measure = None
     self._takes_iterations = False
     self._worked = False

@@ -29,6 +29,7 @@ holds for the installed kernels are skipped unless ``retune=True``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import time
@@ -265,6 +266,12 @@ def _compiled(problem: Problem, backend: str, variant, config, bufs,
   return compiled, time.perf_counter() - t0
 
 
+def _owning_device(timer):
+  """The timer's hold on the device (`Timer.device_lock`); a timer without one (a test's
+  fake timer) needs none."""
+  return getattr(timer, "owns_device", contextlib.nullcontext)()
+
+
 def _xla_reference(problem: Problem, bufs, timer: Timer, iters: int, platform: str,
                    xla_programs: str = "spread"):
   """(compiled, median ms per call, compile s, options) of the XLA program
@@ -275,10 +282,12 @@ def _xla_reference(problem: Problem, bufs, timer: Timer, iters: int, platform: s
   options = XLA_REFERENCE_OPTIONS if spread else XLA_REFERENCE_OPTIONS[:1]
   programs, compile_s = [], 0.0
   for opts in options:
-    compiled, c_s = _compiled(problem, dispatch.FALLBACK, None, None, bufs, opts)
-    compile_s += c_s
-    jax.block_until_ready(compiled(*bufs))
-    programs.append((summarize(timer.time(compiled, bufs, iters))["median_ms"], compiled, opts))
+    with _owning_device(timer):   # XLA's compile autotunes its GEMMs on the device
+      compiled, c_s = _compiled(problem, dispatch.FALLBACK, None, None, bufs, opts)
+      compile_s += c_s
+      jax.block_until_ready(compiled(*bufs))
+      programs.append((summarize(timer.time(compiled, bufs, iters))["median_ms"], compiled,
+                       opts))
   own_ms = programs[0][0]
   ms, compiled, opts = min((p for p in programs if own_ms <= p[0] * (1 + XLA_PICK_SPREAD)),
                            key=lambda p: p[0])
@@ -464,7 +473,8 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     bufs = _inputs(problem, seed + i, sets)
     compiled, xla_ms, c_s, xla_options = _xla_reference(problem, bufs, timer, iters, platform,
                                                         xla_programs)
-    ref = jax.block_until_ready(compiled(*bufs))
+    with _owning_device(timer):
+      ref = jax.block_until_ready(compiled(*bufs))
     xla_ms /= sets
     report.xla_ms[problem] = xla_ms
     report.compile_s += c_s
@@ -566,14 +576,15 @@ def _time_trial(trial: Trial, bufs, ref, xla_compiled, timer: Timer, iters: int)
   try:
     compiled, trial.compile_s = _compiled(trial.problem, trial.backend, trial.variant,
                                           trial.config, bufs)
-    out = jax.block_until_ready(compiled(*bufs))
-    trial.error = max(float(relative_error(o, r)) for o, r in zip(out, ref))
-    del out
-    tol = tolerance(trial.problem)
-    if not trial.error <= tol:   # also catches nan
-      trial.status, trial.note = "fail", f"relative error {trial.error:.3g} > {tol:g}"
-      return
-    _time_against_xla(trial, compiled, xla_compiled, bufs, timer, iters)
+    with _owning_device(timer):
+      out = jax.block_until_ready(compiled(*bufs))
+      trial.error = max(float(relative_error(o, r)) for o, r in zip(out, ref))
+      del out
+      tol = tolerance(trial.problem)
+      if not trial.error <= tol:   # also catches nan
+        trial.status, trial.note = "fail", f"relative error {trial.error:.3g} > {tol:g}"
+        return
+      _time_against_xla(trial, compiled, xla_compiled, bufs, timer, iters)
     trial.status = "ok"
     return compiled
   except Exception as e:  # noqa: BLE001 (a candidate that cannot compile is skipped, said why)
@@ -599,7 +610,8 @@ def _time_contenders_again(timed, xla_compiled, args, timer: Timer, iters: int) 
     return
   for trial, kernel in contenders:
     first = trial.speedup_vs_xla
-    _time_against_xla(trial, kernel, xla_compiled, args, timer, iters)
+    with _owning_device(timer):
+      _time_against_xla(trial, kernel, xla_compiled, args, timer, iters)
     trial.note = f"contender, timed twice (first {first:.3f}x)"
 
 

@@ -385,7 +385,7 @@ def load(path: Path | None) -> dict[str, dict[str, dict]]:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
   """An exclusive lock beside `path` (advisory; no-op where fcntl is missing)."""
   try:
     import fcntl  # noqa: PLC0415 (POSIX only)
@@ -408,7 +408,7 @@ def store(path: Path, records: dict[str, dict[str, dict]]) -> None:
   over the original, so readers never see a partial file.
   """
   path.parent.mkdir(parents=True, exist_ok=True)
-  with _locked(path):
+  with locked(path):
     entries = _read(path)
     for key, shapes in records.items():
       entries.setdefault(key, {}).update(shapes)

@@ -6,6 +6,7 @@ its process. XLA alone is timed (`--backends xla`), so it takes seconds."""
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib.util
 import json
 import sys
@@ -28,6 +29,11 @@ def _load(name: str):
 
 
 W = _load("sweep")
+
+
+def _text(path: Path) -> str:
+  with gzip.open(path, "rt") as f:
+    return f.read()
 FEW = {op: 3 for op in W.RANDOM_COUNTS}
 
 
@@ -77,7 +83,7 @@ def _run(card_dir, *extra):
 def test_a_tiny_run_resumes_and_summarizes(tmp_path, capsys):
   assert _run(tmp_path) == 0
   files = W.CardFiles.of(tmp_path, "cpu")
-  rows = files.csv.read_text().splitlines()
+  rows = _text(files.csv).splitlines()
   assert rows[0].split(",")[:5] == W.CSV_COLUMNS[:5] and len(rows) == 3
   assert "2 to go" in capsys.readouterr().out
   assert _run(tmp_path) == 0                      # a second call finds everything done
@@ -85,6 +91,21 @@ def test_a_tiny_run_resumes_and_summarizes(tmp_path, capsys):
   items = [p for _, p in W.tiny_problems()]
   assert all(W.is_done(p, "cpu", files.cache) for p in items)
   assert W.main(["summarize", "--card-dir", str(tmp_path)]) == 0
+
+
+def test_workers_share_the_problems_and_the_files(tmp_path):
+  """Two worker processes (each its hash share) fill one tuning file, log and state."""
+  assert _run(tmp_path, "--workers", "2") == 0
+  files = W.CardFiles.of(tmp_path, "cpu")
+  items = [p for _, p in W.tiny_problems()]
+  assert all(W.is_done(p, "cpu", files.cache) for p in items)
+  assert {W.shard_of(W.identity(p), 2) for p in items} == {0, 1}   # both had work
+  log = _text(files.log)
+  assert "[w0] sweep: 1 problems tuned" in log and "[w1] sweep: 1 problems tuned" in log
+  assert W.read_state(files.state) == {"failed": {}, "alone": [], "inflight": {}}
+  files.cache.unlink()                  # the committed, gzipped tuning file restores it
+  files.unpack()
+  assert all(W.is_done(p, "cpu", files.cache) for p in items)
 
 
 def test_a_raising_problem_is_isolated_and_one_that_killed_its_process_skipped(
@@ -101,9 +122,9 @@ def test_a_raising_problem_is_isolated_and_one_that_killed_its_process_skipped(
   assert _run(tmp_path) == 0
   files = W.CardFiles.of(tmp_path, "cpu")
   state = W.read_state(files.state)
-  assert list(state["failed"]) == [W.identity(fused)] and state["inflight"] == []
+  assert list(state["failed"]) == [W.identity(fused)] and state["inflight"] == {}
   assert "a compiler crash" in state["failed"][W.identity(fused)]
-  assert W.is_done(gemm, "cpu", files.cache) and len(files.csv.read_text().splitlines()) == 2
+  assert W.is_done(gemm, "cpu", files.cache) and len(_text(files.csv).splitlines()) == 2
   monkeypatch.setattr(W.jaxgemm, "autotune", real)
   assert _run(tmp_path) == 0                      # a failed problem is not tried again
   assert not W.is_done(fused, "cpu", files.cache)
@@ -124,7 +145,7 @@ def test_a_raising_problem_is_isolated_and_one_that_killed_its_process_skipped(
   assert _run(third) == 0
   assert W.read_state(files.state)["failed"] == {}
   assert all(W.is_done(p, "cpu", files.cache) for p in (gemm, fused))
-  with open(files.csv, newline="") as f:
+  with gzip.open(files.csv, "rt", newline="") as f:
     rows = list(csv.DictReader(f))
   assert len(rows) == 2 and all(np.isfinite(float(r["xla_ms"])) and r["best"] == "xla"
                                 for r in rows)

@@ -4,6 +4,7 @@ decision, its fit, and its held-out report and JSON (issue 44)."""
 from __future__ import annotations
 
 import csv
+import gzip
 import importlib.util
 import json
 import math
@@ -113,9 +114,9 @@ def synthetic_rows(n=500, seed=0):
 
 
 def test_fit_on_synthetic_records_generalizes_to_the_held_out_part(tmp_path):
-  path = tmp_path / "nvidia-h100.csv"
+  path = tmp_path / "nvidia-h100.csv.gz"
   rows = synthetic_rows()
-  with open(path, "w", newline="") as f:
+  with gzip.open(path, "wt", newline="") as f:
     w = csv.DictWriter(f, fieldnames=list(rows[0]))
     w.writeheader()
     w.writerows(rows)

@@ -36,6 +36,7 @@ import argparse
 import csv
 import dataclasses
 import glob
+import gzip
 import json
 import math
 import sys
@@ -43,7 +44,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CSVS = str(ROOT / "research" / "sweep" / "data" / "*.csv")
+DEFAULT_CSVS = str(ROOT / "research" / "sweep" / "data" / "*.csv.gz")
 DEFAULT_RULE = ROOT / "jaxgemm" / "tables" / "rule.json"
 DEFAULT_DOC = ROOT / "docs" / "sweep.md"
 BEGIN, END = "<!-- sweep-fit:begin -->", "<!-- sweep-fit:end -->"
@@ -85,7 +86,7 @@ def read_records(paths) -> list[Record]:
   """The records of sweep.py's CSVs (`summarize`)."""
   out = []
   for path in paths:
-    with open(path, newline="") as f:
+    with gzip.open(path, "rt", newline="") as f:
       for r in csv.DictReader(f):
         kernels = {k: xla / ms for k, (ms, xla) in json.loads(r["kernels"]).items()
                    if ms > 0 and xla > 0}

@@ -47,6 +47,7 @@ The tuning file itself is in the shipped tables' format (jaxgemm/tables/).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import gzip
@@ -54,6 +55,7 @@ import hashlib
 import json
 import math
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -69,7 +71,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jaxgemm  # noqa: E402
-from jaxgemm import dispatch, measure, registry, tuning_cache  # noqa: E402
+from jaxgemm import dispatch, measure, registry, timing, tuning_cache  # noqa: E402
 from jaxgemm.ops.activations import ACTIVATIONS  # noqa: E402
 
 DEFAULT_DIR = ROOT / "research" / "sweep" / "data"
@@ -418,29 +420,72 @@ def slug(kind: str) -> str:
 
 @dataclasses.dataclass
 class CardFiles:
+  """A card's files. The tuning file is worked on as JSON (`autotune`'s cache_path, not
+  committed) and committed gzipped (`pack`, `unpack`); the log and the CSV are written
+  gzipped: the checkout stays small (a problem's records take ~3 KB of JSON)."""
   cache: Path      # the tuning file (autotune's cache_path)
-  state: Path      # failed problems, the chunk in flight
-  log: Path
+  state: Path      # failed problems, the problems in flight per worker
+  log: Path        # appended one gzip member a line, from every worker
   csv: Path
 
   @classmethod
   def of(cls, card_dir: Path, kind: str) -> "CardFiles":
-    s = slug(kind)
-    return cls(card_dir / f"{s}.cache.json", card_dir / f"{s}.state.json",
-               card_dir / f"{s}.log", card_dir / f"{s}.csv")
+    return cls.named(card_dir, slug(kind))
+
+  @classmethod
+  def named(cls, card_dir: Path, kind_slug: str) -> "CardFiles":
+    return cls(card_dir / f"{kind_slug}.cache.json", card_dir / f"{kind_slug}.state.json",
+               card_dir / f"{kind_slug}.log.gz", card_dir / f"{kind_slug}.csv.gz")
+
+  @property
+  def packed_cache(self) -> Path:
+    return self.cache.with_name(self.cache.name + ".gz")
+
+  @property
+  def device_lock(self) -> Path:
+    return self.cache.with_name(self.cache.name.removesuffix(".cache.json") + ".device")
+
+  def unpack(self) -> None:
+    """The working tuning file from the committed one, where that is newer."""
+    packed = self.packed_cache
+    if packed.exists() and (not self.cache.exists()
+                            or packed.stat().st_mtime > self.cache.stat().st_mtime):
+      with gzip.open(packed, "rb") as src:
+        data = src.read()
+      tmp = self.cache.with_suffix(".tmp")
+      tmp.write_bytes(data)
+      os.replace(tmp, self.cache)
+
+  def pack(self) -> None:
+    if self.cache.exists():
+      tmp = self.packed_cache.with_suffix(".tmp")
+      with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
+        dst.write(self.cache.read_bytes())
+      os.replace(tmp, self.packed_cache)
 
 
 def read_state(path: Path) -> dict:
   state = json.loads(path.read_text()) if path.exists() else {}
   state.setdefault("failed", {})
-  state.setdefault("inflight", [])
+  state.setdefault("alone", [])
+  inflight = state.get("inflight") or {}
+  state["inflight"] = {"0": inflight} if isinstance(inflight, list) else inflight
   return state
 
 
 def write_state(path: Path, state: dict) -> None:
-  tmp = path.with_suffix(".tmp")
+  tmp = path.with_suffix(f".{os.getpid()}.tmp")
   tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
   os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def editing_state(path: Path):
+  """The state, read and written back under a lock: the workers share it."""
+  with tuning_cache.locked(path):
+    state = read_state(path)
+    yield state
+    write_state(path, state)
 
 
 def xla_variant(op: str) -> str:
@@ -456,53 +501,132 @@ def is_done(problem, kind: str, cache: Path) -> bool:
 
 # ---------------------------------------------------------------- run
 
-def autotune_chunk(chunk, backends, cache: Path, budget_s: float, iters, max_candidates, log):
+def autotune_chunk(chunk, backends, cache: Path, budget_s: float, iters, max_candidates, log,
+                   timer=None):
   """`jaxgemm.autotune` on `chunk`, its backends' first `max_candidates` candidates each
   (what `jaxgemm.measure` times at a first compile, with the first sets rotated no more
   than it does), against the XLA program a user's process may get (`XLA_PICK_SPREAD`)."""
   usable = [b for b in backends if any(b in registry.backends(p.op) for p in chunk)]
   return jaxgemm.autotune(problems=chunk, backends=usable, cache_path=cache,
                           time_budget_s=budget_s, iters=iters, log=log,
-                          max_candidates=max_candidates, max_rotate=measure.MAX_ROTATE)
+                          max_candidates=max_candidates, max_rotate=measure.MAX_ROTATE,
+                          timer=timer)
 
 
 class Log:
-  """Prints a line and appends it, stamped, to the card's log file."""
+  """Prints a line and appends it, stamped, to the card's gzipped log (one gzip member a
+  line: the workers append side by side, and `gzip.open` reads the members as one)."""
 
-  def __init__(self, path: Path):
-    self.path = path
+  def __init__(self, path: Path, prefix: str = ""):
+    self.path, self.prefix = path, prefix
 
   def __call__(self, line: str) -> None:
+    line = self.prefix + line
     print(line, flush=True)
-    with open(self.path, "a") as f:
+    with gzip.open(self.path, "at") as f:
       f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+
+def shard_of(ident: str, workers: int) -> int:
+  """The worker that tunes a problem: a hash of its identity, so every worker knows its
+  share without asking the others, whatever they have finished."""
+  return int(hashlib.sha256(ident.encode()).hexdigest()[12:24], 16) % workers
 
 
 def run(args) -> int:
   t0 = time.perf_counter()
   card_dir = Path(args.card_dir)
   card_dir.mkdir(parents=True, exist_ok=True)
+  if args.workers > 1:   # processes sharing a GPU take its memory as they need it
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   kind = dispatch.device_kind()
   files = CardFiles.of(card_dir, kind)
+  if args.worker is not None:
+    return work(args, kind, files, t0)
+  files.unpack()
   log = Log(files.log)
+  items = load_or_generate(card_dir, args.seed, _counts(args), args.tiny, log)
+  if args.ops:
+    items = [x for x in items if x[1].op in args.ops.split(",")]
+  settle_inflight(items, files, log)
+  if args.workers == 1:
+    args.worker = 0
+    work(args, kind, files, t0, items)
+  else:
+    spawn_workers(args, log)
+  state = read_state(files.state)
+  left = sum(1 for _, p in items if identity(p) not in state["failed"]
+             and not is_done(p, kind, files.cache))
+  log(f"sweep: {len(items) - left - len(state['failed'])} of {len(items)} problems done, "
+      f"{left} left, {len(state['failed'])} failed, after {time.perf_counter() - t0:.0f} s"
+      + ("; run again to continue" if left else ""))
+  files.pack()
+  summarize_card(card_dir, files, items, log)
+  return 0
+
+
+def settle_inflight(items, files: CardFiles, log) -> None:
+  """What a killed call left in flight: a problem that was alone is recorded as failed
+  (it hung or crashed the process alone); a chunk's problems run alone next."""
+  known = {identity(p) for _, p in items}
+  with editing_state(files.state) as state:
+    for worker, idents in state["inflight"].items():
+      if len(idents) == 1:
+        state["failed"][idents[0]] = "the process died while tuning it (hang or crash)"
+        log(f"failed: {idents[0]}: the process died while tuning it alone")
+      else:
+        state["alone"] += [i for i in idents if i in known and i not in state["alone"]]
+    state["inflight"] = {}
+
+
+def spawn_workers(args, log) -> None:
+  """`--workers` processes on the one GPU: each compiles its share's candidates while the
+  others time theirs, and holds the device (a lock) only to run and time
+  (`timing.Timer`'s device_lock). They end themselves past --limit-s (+ --grace-s)."""
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  procs = [subprocess.Popen([sys.executable, __file__, *args.argv, "--worker", str(i)], env=env)
+           for i in range(args.workers)]
+  log(f"sweep: {args.workers} workers started")
+  deadline = time.monotonic() + args.limit_s + args.grace_s + 30
+  for proc in procs:
+    try:
+      proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      log(f"sweep: worker pid {proc.pid} killed {args.grace_s + 30:g} s past --limit-s")
+
+
+def work(args, kind: str, files: CardFiles, t0: float, items=None) -> int:
+  """One worker: its share of the problems not done nor failed, until --limit-s."""
+  i, n = args.worker, args.workers
+  log = Log(files.log, prefix=f"[w{i}] " if n > 1 else "")
+  if items is None:
+    items = read_problem_list(Path(args.card_dir), args)
   # A candidate that hangs cannot be interrupted: end the process past the limit, leaving
-  # the chunk in flight in the state file (the next call runs it one problem at a time).
+  # its chunk in flight in the state file (the next call runs it one problem at a time).
   watchdog = threading.Timer(args.limit_s + args.grace_s, lambda: (
       log(f"watchdog: still running {args.grace_s:g} s past --limit-s; exiting"), os._exit(3)))
   watchdog.daemon = True
   watchdog.start()
+  timer = None
+  if n > 1:
+    lock = files.device_lock
+    timer = timing.Timer(timing.platform_of(), device_lock=lambda: tuning_cache.locked(lock))
   try:
-    items = load_or_generate(card_dir, args.seed, _counts(args), args.tiny, log)
-    tuned = sweep(items, kind, files, args, log, deadline=t0 + args.limit_s - args.reserve_s)
+    mine = [(s, p) for s, p in items if shard_of(identity(p), n) == i]
+    tuned = sweep(mine, kind, files, args, log, deadline=t0 + args.limit_s - args.reserve_s,
+                  timer=timer, worker=str(i))
   finally:
     watchdog.cancel()
-  state = read_state(files.state)
-  left = sum(1 for _, p in items if identity(p) not in state["failed"]
-             and not is_done(p, kind, files.cache))
-  log(f"sweep: {tuned} problems tuned in {time.perf_counter() - t0:.0f} s; {left} left, "
-      f"{len(state['failed'])} failed" + ("; run again to continue" if left else ""))
-  summarize_card(card_dir, files, items, log)
+  log(f"sweep: {tuned} problems tuned in {time.perf_counter() - t0:.0f} s")
   return 0
+
+
+def read_problem_list(card_dir: Path, args):
+  items = [(s, from_json(d)) for s, d in read_problems(problems_file(card_dir))["problems"]]
+  if args.ops:
+    items = [x for x in items if x[1].op in args.ops.split(",")]
+  return items
 
 
 def kernel_backends(names: str | None) -> list[str]:
@@ -514,28 +638,16 @@ def kernel_backends(names: str | None) -> list[str]:
                             if b != dispatch.FALLBACK))
 
 
-def sweep(items, kind: str, files: CardFiles, args, log, deadline: float) -> int:
-  """Tunes the problems of `items` not done (nor failed) until `deadline`; returns how
-  many it finished. A chunk that raises is run again one problem at a time; a problem
-  that raises alone, or was alone in flight when a process died, is recorded as failed."""
-  if args.ops:
-    items = [x for x in items if x[1].op in args.ops.split(",")]
-  by_ident = {identity(p): p for _, p in items}
+def sweep(items, kind: str, files: CardFiles, args, log, deadline: float, timer=None,
+          worker: str = "0") -> int:
+  """Tunes the problems of `items` not done (nor failed) until `deadline`, those a killed
+  call left to run alone first; returns how many it finished. A chunk that raises is run
+  again one problem at a time; a problem that raises alone is recorded as failed."""
   state = read_state(files.state)
-  suspects = []
-  if state["inflight"]:
-    if len(state["inflight"]) == 1:   # it ran alone and the process died: skip it
-      state["failed"][state["inflight"][0]] = "the process died while tuning it (hang or crash)"
-      log(f"failed: {state['inflight'][0]}: the process died while tuning it alone")
-    else:
-      suspects = [i for i in state["inflight"] if i in by_ident]
-    state["inflight"] = []
-    write_state(files.state, state)
   todo = [p for _, p in items if identity(p) not in state["failed"]
           and not is_done(p, kind, files.cache)]
-  todo_ids = {identity(p) for p in todo}
-  alone = [by_ident[i] for i in suspects if i in todo_ids]
-  rest = [p for p in todo if identity(p) not in set(suspects)]
+  alone = [p for p in todo if identity(p) in set(state["alone"])]
+  rest = [p for p in todo if identity(p) not in set(state["alone"])]
   backends = kernel_backends(args.backends)
   log(f"sweep on {kind}: {len(items)} problems, {len(items) - len(todo)} done or failed, "
       f"{len(todo)} to go ({len(alone)} to run alone); backends {backends}, first "
@@ -546,23 +658,29 @@ def sweep(items, kind: str, files: CardFiles, args, log, deadline: float) -> int
       chunk, single = [alone.pop(0)], True
     else:
       chunk, rest, single = rest[:args.chunk], rest[args.chunk:], False
-    state["inflight"] = [identity(p) for p in chunk]
-    write_state(files.state, state)
+    with editing_state(files.state) as state:
+      state["inflight"][worker] = [identity(p) for p in chunk]
     budget = max(0.0, deadline - time.perf_counter())
+    failed, retry = {}, []
     try:
       report = autotune_chunk(chunk, backends, files.cache, budget, args.iters,
-                              args.max_candidates_per_backend, log)
+                              args.max_candidates_per_backend, log, timer)
       tuned += len(report.tuned)
     except Exception as e:  # noqa: BLE001 (one problem must not stop the sweep)
       what = f"{type(e).__name__}: {str(e)[:300]}"
       if single:
-        state["failed"][identity(chunk[0])] = what
+        failed[identity(chunk[0])] = what
         log(f"failed: {identity(chunk[0])}: {what}")
       else:
         log(f"chunk raised ({what}); its problems run alone next")
-        alone += [p for p in chunk if not is_done(p, kind, files.cache)]
-    state["inflight"] = []
-    write_state(files.state, state)
+        retry = [p for p in chunk if not is_done(p, kind, files.cache)]
+        alone += retry
+    with editing_state(files.state) as state:
+      state["inflight"].pop(worker, None)
+      state["failed"].update(failed)
+      if single:
+        state["alone"] = [i for i in state["alone"] if i != identity(chunk[0])]
+      state["alone"] += [identity(p) for p in retry]
   return tuned
 
 
@@ -640,7 +758,7 @@ def summarize_card(card_dir: Path, files: CardFiles, items, log) -> Path:
         "best_xla_ms": f"{best_xla:.6g}", "best_speedup": f"{best_s:.4f}",
         "kernels": json.dumps(rec["kernels"], sort_keys=True), "stale": rec["stale"]})
   rows.sort(key=lambda r: (r["op"], r["identity"]))
-  with open(files.csv, "w", newline="") as f:
+  with gzip.open(files.csv, "wt", newline="") as f:
     w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
     w.writeheader()
     w.writerows(rows)
@@ -654,13 +772,12 @@ def summarize(args) -> int:
   path = problems_file(card_dir)
   items = ([(s, from_json(d)) for s, d in read_problems(path)["problems"]]
            if path.exists() else [])
-  caches = sorted(card_dir.glob("*.cache.json"))
-  if not caches:
-    raise SystemExit(f"no <kind>.cache.json in {card_dir}: run the sweep first")
-  for cache in caches:
-    kind_slug = cache.name.removesuffix(".cache.json")
-    files = CardFiles(cache, card_dir / f"{kind_slug}.state.json", card_dir / f"{kind_slug}.log",
-                      card_dir / f"{kind_slug}.csv")
+  slugs = sorted({c.name.split(".cache.json")[0] for c in card_dir.glob("*.cache.json*")})
+  if not slugs:
+    raise SystemExit(f"no <kind>.cache.json.gz in {card_dir}: run the sweep first")
+  for kind_slug in slugs:
+    files = CardFiles.named(card_dir, kind_slug)
+    files.unpack()
     summarize_card(card_dir, files, items, print)
   return 0
 
@@ -717,7 +834,12 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=10,
                    help="timed calls per candidate (default %(default)s, as jaxgemm.measure)")
     p.add_argument("--ops", default="", help="comma-separated ops to sweep (default: all)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes sharing the GPU: each compiles while another times "
+                        "(default %(default)s)")
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
+  args.argv = list(sys.argv[1:] if argv is None else argv)   # what the workers are given
   if args.cmd == "run":
     if args.max_candidates_per_backend == 0:
       args.max_candidates_per_backend = None
