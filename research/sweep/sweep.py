@@ -505,12 +505,23 @@ def autotune_chunk(chunk, backends, cache: Path, budget_s: float, iters, max_can
                    timer=None):
   """`jaxgemm.autotune` on `chunk`, its backends' first `max_candidates` candidates each
   (what `jaxgemm.measure` times at a first compile, with the first sets rotated no more
-  than it does), against the XLA program a user's process may get (`XLA_PICK_SPREAD`)."""
+  than it does), against XLA's program as it comes, as `jaxgemm.measure` times it."""
   usable = [b for b in backends if any(b in registry.backends(p.op) for p in chunk)]
   return jaxgemm.autotune(problems=chunk, backends=usable, cache_path=cache,
                           time_budget_s=budget_s, iters=iters, log=log,
                           max_candidates=max_candidates, max_rotate=measure.MAX_ROTATE,
-                          timer=timer)
+                          timer=timer, xla_programs="own")
+
+
+# Errors of the moment, not of the problem: the device's memory taken by the other workers
+# (XLA's own autotuner then reports every config failed), CUPTI refusing a subscription.
+# A problem that raises one is tried again by a later call, not recorded as failed.
+TRANSIENT = ("RESOURCE_EXHAUSTED", "out of memory", "CUPTI_ERROR", "Failed to get configs",
+             "All configs failed")
+
+
+def is_transient(error: str) -> bool:
+  return any(t in error for t in TRANSIENT)
 
 
 class Log:
@@ -583,7 +594,11 @@ def spawn_workers(args, log) -> None:
   """`--workers` processes on the one GPU: each compiles its share's candidates while the
   others time theirs, and holds the device (a lock) only to run and time
   (`timing.Timer`'s device_lock). They end themselves past --limit-s (+ --grace-s)."""
-  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  # Each takes the device's memory as it needs it and gives it back (the platform
+  # allocator): XLA's pooling allocator keeps what a large problem took, and four pools
+  # ran the H100 out of memory (the first 4-worker call: 58 of 98 failures).
+  env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+         "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
   procs = [subprocess.Popen([sys.executable, __file__, *args.argv, "--worker", str(i)], env=env)
            for i in range(args.workers)]
   log(f"sweep: {args.workers} workers started")
@@ -668,7 +683,9 @@ def sweep(items, kind: str, files: CardFiles, args, log, deadline: float, timer=
       tuned += len(report.tuned)
     except Exception as e:  # noqa: BLE001 (one problem must not stop the sweep)
       what = f"{type(e).__name__}: {str(e)[:300]}"
-      if single:
+      if single and is_transient(what):
+        log(f"not now: {identity(chunk[0])}: {what[:160]}; a later call tries it again")
+      elif single:
         failed[identity(chunk[0])] = what
         log(f"failed: {identity(chunk[0])}: {what}")
       else:
