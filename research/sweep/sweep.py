@@ -623,18 +623,38 @@ def work(args, kind: str, files: CardFiles, t0: float, items=None) -> int:
       log(f"watchdog: still running {args.grace_s:g} s past --limit-s; exiting"), os._exit(3)))
   watchdog.daemon = True
   watchdog.start()
-  timer = None
+  timer, device = None, DeviceLock(files.device_lock)
   if n > 1:
-    lock = files.device_lock
-    timer = timing.Timer(timing.platform_of(), device_lock=lambda: tuning_cache.locked(lock))
+    timer = timing.Timer(timing.platform_of(), device_lock=device.held)
   try:
     mine = [(s, p) for s, p in items if shard_of(identity(p), n) == i]
     tuned = sweep(mine, kind, files, args, log, deadline=t0 + args.limit_s - args.reserve_s,
                   timer=timer, worker=str(i))
   finally:
     watchdog.cancel()
-  log(f"sweep: {tuned} problems tuned in {time.perf_counter() - t0:.0f} s")
+  log(f"sweep: {tuned} problems tuned in {time.perf_counter() - t0:.0f} s"
+      + (f"; the device held {device.held_s:.0f} s, waited for {device.waited_s:.0f} s"
+         if n > 1 else ""))
   return 0
+
+
+class DeviceLock:
+  """The workers' lock on the GPU, with how long this one held it and waited for it (the
+  held times summed over the workers near the call's length: the device is the limit)."""
+
+  def __init__(self, path: Path):
+    self.path, self.held_s, self.waited_s = path, 0.0, 0.0
+
+  @contextlib.contextmanager
+  def held(self):
+    t0 = time.perf_counter()
+    with tuning_cache.locked(self.path):
+      t1 = time.perf_counter()
+      self.waited_s += t1 - t0
+      try:
+        yield
+      finally:
+        self.held_s += time.perf_counter() - t1
 
 
 def read_problem_list(card_dir: Path, args):
