@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from jaxgemm import registry
 
@@ -106,6 +107,20 @@ def test_workers_share_the_problems_and_the_files(tmp_path):
   files.cache.unlink()                  # the committed, gzipped tuning file restores it
   files.unpack()
   assert all(W.is_done(p, "cpu", files.cache) for p in items)
+
+
+def test_a_worker_waiting_for_the_device_stops_at_the_limit(tmp_path):
+  import fcntl
+  import time
+  lock = W.DeviceLock(tmp_path / "gpu.device", deadline=time.perf_counter() + 0.2)
+  with lock.held():                       # free: taken at once, and the hold is counted
+    pass
+  with open(tmp_path / "gpu.device", "a") as other:
+    fcntl.flock(other, fcntl.LOCK_EX)     # another worker holds the device past the limit
+    with pytest.raises(W.DeviceTimeUp):
+      with lock.held():
+        pass
+  assert lock.waited_s >= 0.1 and lock.held_s >= 0.0
 
 
 def test_a_raising_problem_is_isolated_and_one_that_killed_its_process_skipped(

@@ -623,7 +623,7 @@ def work(args, kind: str, files: CardFiles, t0: float, items=None) -> int:
       log(f"watchdog: still running {args.grace_s:g} s past --limit-s; exiting"), os._exit(3)))
   watchdog.daemon = True
   watchdog.start()
-  timer, device = None, DeviceLock(files.device_lock)
+  timer, device = None, DeviceLock(files.device_lock, deadline=t0 + args.limit_s)
   if n > 1:
     timer = timing.Timer(timing.platform_of(), device_lock=device.held)
   try:
@@ -638,22 +638,40 @@ def work(args, kind: str, files: CardFiles, t0: float, items=None) -> int:
   return 0
 
 
+class DeviceTimeUp(BaseException):
+  """The call's --limit-s came while a worker waited for the device: an interrupt (not an
+  Exception, which the autotuner would take for the candidate's failure)."""
+
+
 class DeviceLock:
   """The workers' lock on the GPU, with how long this one held it and waited for it (the
-  held times summed over the workers near the call's length: the device is the limit)."""
+  held times summed over the workers near the call's length: the device is the limit).
+  Waiting stops at `deadline`: the problem in flight is left for the next call, where six
+  workers queued for the device at the limit ran past it together."""
 
-  def __init__(self, path: Path):
-    self.path, self.held_s, self.waited_s = path, 0.0, 0.0
+  def __init__(self, path: Path, deadline: float):
+    self.path, self.deadline, self.held_s, self.waited_s = path, deadline, 0.0, 0.0
 
   @contextlib.contextmanager
   def held(self):
+    import fcntl  # noqa: PLC0415 (the workers run on Linux)
     t0 = time.perf_counter()
-    with tuning_cache.locked(self.path):
+    with open(self.path, "a") as f:
+      while True:
+        try:
+          fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+          break
+        except BlockingIOError:
+          if time.perf_counter() > self.deadline:
+            self.waited_s += time.perf_counter() - t0
+            raise DeviceTimeUp("--limit-s came while waiting for the device") from None
+          time.sleep(0.02)
       t1 = time.perf_counter()
       self.waited_s += t1 - t0
       try:
         yield
       finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
         self.held_s += time.perf_counter() - t1
 
 
@@ -701,6 +719,9 @@ def sweep(items, kind: str, files: CardFiles, args, log, deadline: float, timer=
       report = autotune_chunk(chunk, backends, files.cache, budget, args.iters,
                               args.max_candidates_per_backend, log, timer)
       tuned += len(report.tuned)
+    except DeviceTimeUp:
+      log(f"stopped at --limit-s with {len(chunk)} problems in flight; the next call runs them")
+      rest, alone = [], []
     except Exception as e:  # noqa: BLE001 (one problem must not stop the sweep)
       what = f"{type(e).__name__}: {str(e)[:300]}"
       if single and is_transient(what):
