@@ -42,9 +42,9 @@ ISSUE_SHAPES = {"sq8192": (8192, 8192, 8192), "m8192.k4096.n14336": (8192, 4096,
 
 
 def _ctx(rows, **kw):
-  return runner.Context(platform="cpu", device_kind="cpu", timer=timing.Timer("cpu"), iters=3,
-                        dtype_name="bf16", provenance={"platform": "cpu"}, emit=rows.append,
-                        log=lambda s: None, run_id="cpu-test", **kw)
+  kw = {"platform": "cpu", "device_kind": "cpu", "timer": timing.Timer("cpu"), **kw}
+  return runner.Context(iters=3, dtype_name="bf16", provenance={"platform": kw["platform"]},
+                        emit=rows.append, log=lambda s: None, run_id="cpu-test", **kw)
 
 
 def _tiny(name):
@@ -310,7 +310,11 @@ def test_fp8_training_detects_a_wrong_gemm():
 
   rows = []
   cfg = dataclasses.replace(T.CPU_FP8_MODEL, steps=2)
-  T.run_training(_ctx(rows), ["xla"], "ladder", cfg=cfg, mm_factory=factory, suite="fp8-tiny")
+  # On the platform it runs on (the GPU tier runs it too): a CPU context on a GPU stops
+  # after the first step, whose wall time holds the GPU's warm-up, and skips the row.
+  platform = timing.platform_of()
+  ctx = _ctx(rows, platform=platform, device_kind=platform, timer=timing.Timer(platform))
+  T.run_training(ctx, ["xla"], "ladder", cfg=cfg, mm_factory=factory, suite="fp8-tiny")
   steps = {(r["backend"], r["variant"]): r for r in rows if r["kind"] == "train_step"}
   assert steps[(runner.REF, runner.REF_VARIANT)]["status"] == "ok"
   good, bad = steps[("xla", "fp8=tensor")], steps[("xla", "fp8=block")]
