@@ -21,7 +21,10 @@ backend for the problem and runs the fastest, if it beat XLA by at least
 `jaxgemm.tuning.XLA_PICK_SPREAD`), else XLA. For a problem nothing was tuned
 for, it runs a backend's heuristic choice where that backend names a
 structural win (`Backend.structural_win`: a problem class measured to beat
-XLA on this device kind), and XLA (`FALLBACK`) otherwise.
+XLA on this device kind), and XLA (`FALLBACK`) otherwise. On a device kind that
+the shipped rule's sweep measured (`tuning_cache.NeighbourRule`,
+``jaxgemm/tables/rule.json``, fitted by research/sweep/fit.py), the rule decides
+a problem with no record of its own instead, from the nearest measured problems.
 
 On a GPU, a problem with no measurement of its own is measured first, when it
 is lowered (`jaxgemm.measure.decide`, which then calls `choose`): the records
@@ -88,7 +91,7 @@ class Choice:
   backend: str
   variant: str
   config: KernelConfig
-  source: str   # "explicit", "cache", "table", "heuristic" or "fallback"
+  source: str   # "explicit", "cache", "table", "measured", "rule", "heuristic" or "fallback"
 
   def describe(self) -> str:
     return f"{self.backend}/{self.variant} ({self.source}) {self.config.to_json()}"
@@ -176,6 +179,43 @@ def _tuned(problem: Problem, kind: str, backend: str | None,
   return out
 
 
+def _measured_itself(problem: Problem, kind: str) -> bool:
+  """Whether this very problem was measured (an XLA record of its own shape)."""
+  xla_variant = registry.get_backend(FALLBACK, problem.op).variants[-1]
+  return tuning_cache.measured_backends(problem, kind, xla_variant) is not None
+
+
+def _by_rule(problem: Problem, kind: str, rule: tuning_cache.NeighbourRule,
+             platform: str | None) -> Choice | None:
+  """The fitted rule's pick for a problem with no record of its own (`NeighbourRule`):
+  the kernel whose worst speedup over the `k` nearest measured problems is highest, at
+  least `margin`, with the nearest one's config that can run this problem; None: XLA."""
+  near = tuning_cache.neighbours(problem, kind, rule.k, rule.align_penalty)
+  worst: dict[tuple[str, str], float] | None = None
+  for records in near:
+    speedups = {bv: t.speedup_vs_xla for bv, t in records.items()
+                if bv != (FALLBACK, registry.get_backend(FALLBACK, problem.op).variants[-1])}
+    worst = speedups if worst is None else {bv: min(x, speedups[bv])
+                                            for bv, x in worst.items() if bv in speedups}
+  usable = registry.backends(problem.op)
+  for (name, variant), speedup in sorted((worst or {}).items(), key=lambda x: (-x[1], x[0])):
+    if speedup < rule.margin:
+      break
+    if name not in usable:
+      continue
+    b = registry.get_backend(name, problem.op).for_platform(platform)
+    if variant not in b.variants:
+      continue
+    for records in near:
+      try:
+        config = b.config_cls.from_dict(records[(name, variant)].config)
+      except (TypeError, ValueError):
+        continue
+      if _usable(problem, b, variant, config):
+        return Choice(name, variant, config, "rule")
+  return None
+
+
 def _is_reference(choice: Choice, problem: Problem) -> bool:
   """Whether `choice` is XLA's own program (what auto runs unless another beat it)."""
   return (choice.backend == FALLBACK
@@ -201,6 +241,12 @@ def choose(problem: Problem, backend: str = AUTO, variant: str | None = None,
   b = validate(problem.op, backend, variant, config)
   kind = device_kind(platform)
   if b is None:
+    rule = tuning_cache.rule_for(kind)
+    if rule is not None and not _measured_itself(problem, kind):
+      picked = _by_rule(problem, kind, rule, platform)
+      if picked is not None:
+        return picked
+      return dataclasses.replace(choose(problem, FALLBACK, platform=platform), source="fallback")
     tuned = _tuned(problem, kind, None, None)
     if tuned and not _is_reference(tuned[0][1], problem) and tuned[0][0] >= AUTO_MARGIN:
       return tuned[0][1]

@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import functools
 import ast
+import gzip
 import hashlib
 import importlib.util
 import json
@@ -320,9 +321,11 @@ def default_cache_path() -> Path | None:
 
 
 def table_path(device_kind: str) -> Path:
-  """The shipped table for `device_kind` ("NVIDIA H200" -> tables/nvidia-h200.json)."""
+  """The shipped table for `device_kind` ("NVIDIA H200" -> tables/nvidia-h200.json, or
+  its gzipped form .json.gz where that is shipped: a sweep's table of thousands)."""
   slug = re.sub(r"[^a-z0-9]+", "-", device_kind.lower()).strip("-")
-  return TABLES_DIR / f"{slug}.json"
+  packed = TABLES_DIR / f"{slug}.json.gz"
+  return packed if packed.exists() else TABLES_DIR / f"{slug}.json"
 
 
 def _validate(data: Any) -> dict[str, dict[str, dict]]:
@@ -343,10 +346,11 @@ _warned: set = set()
 def _read(path: Path) -> dict[str, dict[str, dict]]:
   """The file's entries; {} if it is missing, and {} with a warning if it is unreadable."""
   try:
-    text = path.read_text()
+    text = (gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz"
+            else path.read_text())
   except FileNotFoundError:
     return {}
-  except OSError as e:
+  except (OSError, EOFError) as e:   # gzip.BadGzipFile is an OSError
     _warn_once(path, f"cannot be read ({e})")
     return {}
   try:
@@ -552,3 +556,90 @@ def has_record(problem: Problem, device_kind: str, backend: str, variant: str,
   r = shapes.get(problem.shape_key())
   return (r is not None and r.get("version") == _current_version(backend, problem.op, variant)
           and _valid_record(r))
+
+
+# ---------------------------------------------------------------- the no-measure rule
+
+RULE_FILE = "rule.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class NeighbourRule:
+  """`backend="auto"`'s decision for a problem with no record of its own, fitted on a
+  sweep and scored on problems it never saw (research/sweep/fit.py; docs/sweep.md): the
+  `k` measured problems nearest it (same op and exact-match fields, by
+  `Problem.distance`, plus `align_penalty` where their alignment differs; None: never
+  the other alignment); the kernel whose worst speedup over XLA among them is highest
+  runs if that worst is at least `margin`, else XLA."""
+  k: int
+  margin: float
+  align_penalty: float | None
+  device_kinds: tuple[str, ...]   # the cards its sweep measured: it decides only there
+
+
+def rule_for(device_kind: str) -> NeighbourRule | None:
+  """The shipped rule (tables/rule.json) if its sweep measured `device_kind`, else None."""
+  if os.environ.get(TABLES_ENV, "").lower() == "off":
+    return None
+  path = TABLES_DIR / RULE_FILE
+  try:
+    st = path.stat()
+  except OSError:
+    return None
+  rule = _read_rule(path, (st.st_mtime_ns, st.st_size))
+  return rule if rule is not None and device_kind in rule.device_kinds else None
+
+
+@functools.lru_cache(maxsize=4)
+def _read_rule(path: Path, stamp) -> NeighbourRule | None:
+  try:
+    d = json.loads(path.read_text())
+    return NeighbourRule(int(d["k"]), float(d["margin"]),
+                         None if d["align_penalty"] is None else float(d["align_penalty"]),
+                         tuple(d["records"]["device_kinds"]))
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    _warn_once(path, f"is not a rule ({type(e).__name__}: {e})")
+    return None
+
+
+def neighbours(problem: Problem, device_kind: str, k: int, align_penalty: float | None,
+               cache_path: Path | None | str = "default") -> list[dict[tuple[str, str], Tuned]]:
+  """The `k` measured problems nearest `problem` (`NeighbourRule`), nearest first, each
+  as its current records by (backend, variant), XLA's included; the problem's own shape
+  is left out. A measured problem is one with an XLA record (every measurement writes
+  one). Layers as in `lookup`: the shipped table, the cache, this process."""
+  path = default_cache_path() if cache_path == "default" else cache_path
+  fields = "|".join(problem.cache_fields())
+  aligned = problem.bucket().endswith(".a16")
+  layers = [(load(path), "cache"), (_SESSION, "measured")]
+  if os.environ.get(TABLES_ENV, "").lower() != "off":
+    layers.insert(0, (load(table_path(device_kind)), "table"))
+  own = problem.shape_key()
+  shapes: dict[str, dict[tuple[str, str], Tuned]] = {}
+  away: dict[str, float] = {}
+  versions: dict[tuple[str, str], str | None] = {}
+  for entries, source in layers:
+    for key, records in entries.items():
+      parsed = parse_key(key)
+      if parsed is None or parsed[:2] != (problem.op, device_kind):
+        continue
+      _, _, b, v, rest = parsed
+      rest_fields, _, bucket = rest.rpartition("|")
+      if rest_fields != fields:
+        continue
+      same_alignment = bucket.endswith(".a16") == aligned
+      if not same_alignment and align_penalty is None:
+        continue
+      if (b, v) not in versions:
+        versions[(b, v)] = _current_version(b, problem.op, v)
+      for shape, r in records.items():
+        if (shape == own or r.get("version") != versions[(b, v)] or not _valid_record(r)
+            or (source != "table" and not _same_libraries(r))):
+          continue
+        shapes.setdefault(shape, {})[(b, v)] = Tuned(
+            b, v, dict(r["config"]), float(r["time_ms"]), float(r["xla_time_ms"]), shape,
+            source)
+        away[shape] = problem.distance(shape) + (0.0 if same_alignment else align_penalty)
+  measured = [s for s, recs in shapes.items() if any(b == "xla" for b, _ in recs)]
+  measured.sort(key=lambda s: (away[s], s))
+  return [shapes[s] for s in measured[:k]]

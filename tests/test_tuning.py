@@ -776,3 +776,53 @@ def test_auto_falls_back_to_xla_with_one_warning_when_a_kernel_cannot_be_built(
   # A named backend is what the caller asked for: its failure is raised.
   with pytest.raises(RuntimeError, match="out of resources"):
     jaxgemm.matmul(a, b, backend="broken")
+
+
+# ---------------------------------------------------------------- the fitted rule
+
+def write_rule(k=1, margin=1.5, align_penalty=0.5, kinds=(KIND,)):
+  (tuning_cache.TABLES_DIR / tuning_cache.RULE_FILE).write_text(json.dumps(
+      {"k": k, "margin": margin, "align_penalty": align_penalty,
+       "records": {"device_kinds": list(kinds)}}))
+
+
+def measured(path, problems: dict) -> None:
+  """A table of measured problems: {problem: triton's speedup over XLA on it}."""
+  xla = registry.get_backend("xla").variants[-1]
+  entries = {}
+  for p, speedup in problems.items():
+    for (b, v), r in {(("triton", "tensorcore")): record("triton", SMALL, 1.0 / speedup),
+                      ("xla", xla): record("xla", None, 1.0)}.items():
+      entries.setdefault(tuning_cache.entry_key(KIND, b, v, p), {})[p.shape_key()] = (
+          stamped(r, b, v))
+  path.write_text(json.dumps({"format": tuning_cache.FORMAT, "entries": entries}))
+
+
+def test_the_rule_decides_from_the_nearest_measured_problems(table):
+  """Where the shipped rule's sweep measured the device, a problem with no record of its
+  own runs the kernel its k nearest measured problems all ran `margin` faster, with the
+  nearest one's config; below the margin, or with no neighbour, XLA."""
+  near, far = problem(m=64, n=48, k=32), problem(m=4096, n=4096, k=4096)
+  measured(table, {near: 2.0, far: 1.1})
+  write_rule(k=1, margin=1.5)
+  c = dispatch.choose(problem(m=60, n=44, k=32), "auto")
+  assert (c.backend, c.variant, c.source, c.config) == ("triton", "tensorcore", "rule", SMALL)
+  assert dispatch.choose(problem(m=3000, n=4000, k=4096), "auto").backend == "xla"  # 1.1x
+  write_rule(k=2, margin=1.5)        # the worst of the two nearest: 1.1x, under the margin
+  assert dispatch.choose(problem(m=60, n=44, k=32), "auto").backend == "xla"
+  write_rule(k=2, margin=1.05)
+  assert dispatch.choose(problem(m=60, n=44, k=32), "auto").source == "rule"
+  # another op or dtype has no neighbours here: XLA, not a structural guess
+  assert dispatch.choose(problem(m=60, n=44, k=32, dtype=BF16), "auto").source == "fallback"
+
+
+def test_the_rule_leaves_measured_problems_and_other_cards_alone(table):
+  p = problem(m=64, n=48, k=32)
+  measured(table, {p: 0.5})          # measured itself: XLA won, the records decide
+  write_rule(k=1, margin=1.0)
+  assert dispatch.choose(p, "auto").source == "fallback"
+  write_rule(k=1, margin=1.0, kinds=("NVIDIA H100 80GB HBM3",))   # not this card
+  assert tuning_cache.rule_for(KIND) is None
+  write_rule(k=1, margin=1.0, align_penalty=None)   # other alignment: never a neighbour
+  unaligned = problem(m=60, n=45, k=33)
+  assert not unaligned.aligned and not tuning_cache.neighbours(unaligned, KIND, 1, None)

@@ -25,8 +25,11 @@ held-out bench suite, `python -m bench --suite heldout`, measures as it runs); a
 with no record on the problem (it failed or cannot run it) counts as XLA (1.0x), as
 `auto` falls back to XLA where a kernel cannot be built.
 
-Outputs: the rule as JSON (`--rule-out`, default jaxgemm/tables/rule.json) and a
-Markdown block between `<!-- sweep-fit:begin -->` and `<!-- sweep-fit:end -->` in `--doc`
+Outputs: the rule as JSON (`--rule-out`, default jaxgemm/tables/rule.json: dispatch's
+`tuning_cache.NeighbourRule`, on the cards the records came from); the cards' shipped
+tables (`--tables`, default jaxgemm/tables/: each `data/<kind>.cache.json.gz` as
+`<kind>.json.gz`, every problem of the sweep, the held-out ones too, each record cut to
+what dispatch reads: the neighbours the rule looks among); and a Markdown block between `<!-- sweep-fit:begin -->` and `<!-- sweep-fit:end -->` in `--doc`
 (default docs/sweep.md). Only the standard library: it runs where the CSVs are.
 """
 
@@ -351,6 +354,26 @@ def _shown(path) -> str:
   return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
+TABLE_FIELDS = ("config", "time_ms", "xla_time_ms", "version", "timer", "measured",
+                "finished")
+
+
+def write_table(cache: Path, out_dir: Path) -> Path:
+  """The card's shipped table from the sweep's tuning file: every record, cut to the
+  fields dispatch reads, gzipped (deterministic bytes)."""
+  with gzip.open(cache, "rt") as f:
+    data = json.load(f)
+  entries = {key: {shape: {k: r[k] for k in TABLE_FIELDS if k in r}
+                   for shape, r in shapes.items()}
+             for key, shapes in data["entries"].items()}
+  out = out_dir / cache.name.replace(".cache.json.gz", ".json.gz")
+  text = json.dumps({"format": data["format"], "entries": entries}, sort_keys=True,
+                    separators=(",", ":"))
+  with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
+    f.write(text.encode())
+  return out
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -358,6 +381,9 @@ def main(argv=None) -> int:
                   help=f"sweep.py's per-card CSVs (default: {DEFAULT_CSVS})")
   ap.add_argument("--rule-out", default=str(DEFAULT_RULE),
                   help="where the fitted rule's JSON goes (default: %(default)s)")
+  ap.add_argument("--tables", default=str(DEFAULT_RULE.parent),
+                  help="where each card's table goes, from the CSV's <kind>.cache.json.gz "
+                       "beside it ('' for none; default: %(default)s)")
   ap.add_argument("--doc", default=str(DEFAULT_DOC),
                   help="the Markdown file whose sweep-fit block is replaced (default: %(default)s)")
   args = ap.parse_args(argv)
@@ -382,6 +408,10 @@ def main(argv=None) -> int:
   replace_block(Path(args.doc), lines)
   print("\n".join(lines))
   print(f"\nrule: {args.rule_out}\ndoc:  {args.doc}")
+  for path in map(Path, paths if args.tables else ()):
+    cache = path.with_name(path.name.replace(".csv.gz", ".cache.json.gz"))
+    if cache.exists():
+      print(f"table: {write_table(cache, Path(args.tables))}")
   return 0
 
 

@@ -788,8 +788,8 @@ def records(cache: Path) -> dict[str, dict]:
       if r.get("version") != current:
         rec["stale"] += 1
         continue
-      if backend == "xla":
-        rec["xla_ms"] = float(r["time_ms"])
+      if backend == "xla" and variant == xla_variant(op):   # XLA's own program; its
+        rec["xla_ms"] = float(r["time_ms"])                 # others are kernels
       else:
         rec["kernels"][f"{backend}/{variant}"] = [float(r["time_ms"]), float(r["xla_time_ms"])]
   return out
