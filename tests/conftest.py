@@ -223,3 +223,18 @@ def x64():
 
 
 __all__ = ["Kernel"]
+
+
+@pytest.fixture
+def fresh_measurement(tmp_path, monkeypatch):
+  """`auto` measuring from nothing: a private cache file (its path), no shipped tables,
+  nothing remembered by this process, measuring on (the tiers run with it off)."""
+  from jaxgemm import measure, tuning_cache  # noqa: PLC0415
+  path = tmp_path / "autotune.json"
+  monkeypatch.setenv(tuning_cache.CACHE_ENV, str(path))
+  monkeypatch.setenv(tuning_cache.TABLES_ENV, "off")
+  monkeypatch.setenv(measure.ENABLED_ENV, "on")
+  monkeypatch.setattr(measure, "_failed", set())
+  tuning_cache.forget()
+  yield path
+  tuning_cache.forget()

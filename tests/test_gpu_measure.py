@@ -28,18 +28,7 @@ pytestmark = pytest.mark.gpu
 BF16 = np.dtype(jnp.bfloat16)
 
 
-@pytest.fixture
-def fresh(tmp_path, monkeypatch):
-  path = tmp_path / "autotune.json"
-  monkeypatch.setenv(tuning_cache.CACHE_ENV, str(path))
-  monkeypatch.setenv(tuning_cache.TABLES_ENV, "off")
-  monkeypatch.setenv(measure.ENABLED_ENV, "on")
-  tuning_cache.forget()
-  yield path
-  tuning_cache.forget()
-
-
-def test_auto_measures_while_the_program_compiles(fresh, rng, capfd):
+def test_auto_measures_while_the_program_compiles(fresh_measurement, rng, capfd):
   a = random_array(rng, (1000, 700), BF16)
   b = random_array(rng, (700, 1500), BF16)
   out = jax.jit(lambda a, b: jaxgemm.matmul(a, b))(a, b)
@@ -48,12 +37,12 @@ def test_auto_measures_while_the_program_compiles(fresh, rng, capfd):
   err = capfd.readouterr().err
   assert "jaxgemm: measured 1x(1000x700 @ 700x1500)" in err, err
   print(err)
-  entries = json.loads(fresh.read_text())["entries"]
+  entries = json.loads(fresh_measurement.read_text())["entries"]
   timers = {r["timer"] for shapes in entries.values() for r in shapes.values()}
   assert timers == {"cupti"}
 
 
-def test_each_op_and_each_gemm_of_a_gradient_is_measured(fresh, rng, capfd):
+def test_each_op_and_each_gemm_of_a_gradient_is_measured(fresh_measurement, rng, capfd):
   x = random_array(rng, (512, 384), BF16)
   w = random_array(rng, (384, 640), BF16)
   bias = random_array(rng, (640,), BF16)
@@ -72,7 +61,7 @@ def test_each_op_and_each_gemm_of_a_gradient_is_measured(fresh, rng, capfd):
   assert len(lines) >= 4, lines   # the epilogue forward, two gradient GEMMs, the ragged_dot
 
 
-def test_a_second_process_measures_nothing_and_picks_the_same(fresh, rng):
+def test_a_second_process_measures_nothing_and_picks_the_same(fresh_measurement, rng):
   script = textwrap.dedent("""
       import jax, jax.numpy as jnp, numpy as np, jaxgemm
       from jaxgemm import dispatch
@@ -83,7 +72,7 @@ def test_a_second_process_measures_nothing_and_picks_the_same(fresh, rng):
       c = dispatch.choose(p, "auto")
       print("CHOICE", c.backend, c.variant, c.config.to_json())
   """)
-  env = {**os.environ, tuning_cache.CACHE_ENV: str(fresh), tuning_cache.TABLES_ENV: "off",
+  env = {**os.environ, tuning_cache.CACHE_ENV: str(fresh_measurement), tuning_cache.TABLES_ENV: "off",
          measure.ENABLED_ENV: "on"}
   runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=600) for _ in range(2)]

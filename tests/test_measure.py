@@ -43,19 +43,6 @@ class FakeTimer:
     return [self.ms[program.backend]] * iters
 
 
-@pytest.fixture
-def fresh(tmp_path, monkeypatch):
-  """A private cache file, no shipped tables, nothing remembered, measuring on."""
-  path = tmp_path / "autotune.json"
-  monkeypatch.setenv(tuning_cache.CACHE_ENV, str(path))
-  monkeypatch.setenv(tuning_cache.TABLES_ENV, "off")
-  monkeypatch.setenv(measure.ENABLED_ENV, "on")
-  monkeypatch.setattr(measure, "_failed", set())
-  tuning_cache.forget()
-  yield path
-  tuning_cache.forget()
-
-
 def measuring(timer, **kw):
   """Measures on the CPU (the interpreters), with `timer`, the triton backend only
   (the Mosaic GPU interpreter takes seconds a kernel), and no log."""
@@ -79,7 +66,7 @@ def lowered_choice(a, b):
 
 
 @pytest.mark.parametrize("kernel_ms, picked", [(0.5, "triton"), (2.0, "xla")])
-def test_auto_runs_what_measured_fastest(fresh, rng, kernel_ms, picked):
+def test_auto_runs_what_measured_fastest(fresh_measurement, rng, kernel_ms, picked):
   a, b = operands(rng)
   timer = FakeTimer({"xla": 1.0, "triton": kernel_ms})
   with measuring(timer):
@@ -91,12 +78,12 @@ def test_auto_runs_what_measured_fastest(fresh, rng, kernel_ms, picked):
   # XLA's record says what was measured, under which libraries.
   key = tuning_cache.entry_key(KIND, "xla", "dot_general",
                                jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32))
-  xla, = json.loads(fresh.read_text())["entries"][key].values()
+  xla, = json.loads(fresh_measurement.read_text())["entries"][key].values()
   assert xla["measured"] == ["triton"] and xla["finished"]
   assert xla["libs"] == tuning_cache.library_versions()
 
 
-def test_a_measurement_is_reused_in_the_process_and_by_the_next(fresh, rng):
+def test_a_measurement_is_reused_in_the_process_and_by_the_next(fresh_measurement, rng):
   a, b = operands(rng)
   timer = FakeTimer({"xla": 1.0, "triton": 0.5})
   with measuring(timer):
@@ -110,7 +97,7 @@ def test_a_measurement_is_reused_in_the_process_and_by_the_next(fresh, rng):
   assert lowered_choice(a, b).backend == "triton"
 
 
-def test_without_a_cache_file_the_process_keeps_what_it_measured(fresh, rng, monkeypatch):
+def test_without_a_cache_file_the_process_keeps_what_it_measured(fresh_measurement, rng, monkeypatch):
   monkeypatch.setenv(tuning_cache.CACHE_ENV, "off")
   a, b = operands(rng)
   timer = FakeTimer({"xla": 1.0, "triton": 0.5})
@@ -122,7 +109,7 @@ def test_without_a_cache_file_the_process_keeps_what_it_measured(fresh, rng, mon
   assert lowered_choice(a, b).backend == "triton"
 
 
-def test_each_gemm_of_a_gradient_is_measured(fresh, rng):
+def test_each_gemm_of_a_gradient_is_measured(fresh_measurement, rng):
   a, b = operands(rng)
   timer = FakeTimer({"xla": 1.0, "triton": 0.5})
   with measuring(timer):
@@ -131,7 +118,7 @@ def test_each_gemm_of_a_gradient_is_measured(fresh, rng):
   assert shapes == {(48, 40, 32), (48, 32, 40), (32, 40, 48)}   # forward, dA, dB
 
 
-def test_the_budget_stops_new_candidates(fresh, rng, monkeypatch):
+def test_the_budget_stops_new_candidates(fresh_measurement, rng, monkeypatch):
   """Each timed call costs 1 s of the tuner's clock. XLA's reference is timed outside
   the 0.5 s budget (the user's program compiles it anyway); the first candidate spends
   the budget, no second starts, and the measurement stands (not repeated)."""
@@ -151,7 +138,7 @@ def test_the_budget_stops_new_candidates(fresh, rng, monkeypatch):
     jax.jit(lambda a, b: jaxgemm.matmul(a, b) * 2)(a, b)
   assert len(timer.problems) == len(timed) and timed
   p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
-  entries = json.loads(fresh.read_text())["entries"]
+  entries = json.loads(fresh_measurement.read_text())["entries"]
   kernels = [k for k in entries if "|triton/" in k]
   assert len(kernels) == 1                     # one candidate of the two timed
   assert lowered_choice(a, b).backend == "triton"
@@ -159,7 +146,7 @@ def test_the_budget_stops_new_candidates(fresh, rng, monkeypatch):
   assert not next(iter(entries[key].values()))["finished"]
 
 
-def test_at_most_the_candidates_setting_per_backend(fresh, rng):
+def test_at_most_the_candidates_setting_per_backend(fresh_measurement, rng):
   a, b = operands(rng, 64, 64, 64)
   report = None
   with measuring(FakeTimer({"xla": 1.0, "triton": 0.5}), candidates=1):
@@ -167,7 +154,7 @@ def test_at_most_the_candidates_setting_per_backend(fresh, rng):
   assert len([t for t in report.trials if t.status != "unsupported"]) == 1
 
 
-def test_a_named_backend_with_no_variant_measures_its_own_candidates(fresh, rng):
+def test_a_named_backend_with_no_variant_measures_its_own_candidates(fresh_measurement, rng):
   a, b = operands(rng)
   timer = FakeTimer({"xla": 1.0, "triton": 3.0})
   with measuring(timer):
@@ -183,7 +170,7 @@ def test_a_named_backend_with_no_variant_measures_its_own_candidates(fresh, rng)
     ({"enabled": False}, "JAXGEMM_AUTOTUNE=off"),
     ({"platforms": ("cuda",)}, "not a measured platform"),
 ])
-def test_nothing_is_measured_where_it_cannot_or_must_not_be(fresh, setting, why):
+def test_nothing_is_measured_where_it_cannot_or_must_not_be(fresh_measurement, setting, why):
   p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
   with measuring(FakeTimer({}), **setting) as s:
     assert why in measure.why_not_measured(p, "auto", "cpu", 1, s)
@@ -201,7 +188,7 @@ def test_a_bad_knob_names_the_variable(monkeypatch, name, value):
     measure.settings()
 
 
-def test_a_failed_measurement_leaves_the_no_measure_path_once(fresh, rng, capsys):
+def test_a_failed_measurement_leaves_the_no_measure_path_once(fresh_measurement, rng, capsys):
   class Broken:
     label = "broken"
     calls = 0
@@ -220,7 +207,7 @@ def test_a_failed_measurement_leaves_the_no_measure_path_once(fresh, rng, capsys
   assert_gemm_close(out, ref, bound, tolerance(F32), "auto after a failed measurement")
 
 
-def test_every_process_runs_process_0s_choice(fresh, rng, monkeypatch):
+def test_every_process_runs_process_0s_choice(fresh_measurement, rng, monkeypatch):
   """Process 1 neither measures nor decides: it takes process 0's broadcast choice,
   even where its own records would pick another kernel."""
   from jax.experimental import multihost_utils
@@ -242,22 +229,22 @@ def test_every_process_runs_process_0s_choice(fresh, rng, monkeypatch):
       "triton", "tensorcore", ours.config, "process 0")
 
 
-def test_a_cache_record_of_other_libraries_is_stale(fresh, rng):
+def test_a_cache_record_of_other_libraries_is_stale(fresh_measurement, rng):
   a, b = operands(rng)
   with measuring(FakeTimer({"xla": 1.0, "triton": 0.5})):
     matmul_program()(a, b)
-  data = json.loads(fresh.read_text())
+  data = json.loads(fresh_measurement.read_text())
   for shapes in data["entries"].values():
     for r in shapes.values():
       r["libs"] = {**r["libs"], "jaxlib": "0.0.1"}
-  fresh.write_text(json.dumps(data))
+  fresh_measurement.write_text(json.dumps(data))
   tuning_cache.forget()
   p = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
   assert tuning_cache.measured_backends(p, KIND, "dot_general") is None
   assert lowered_choice(a, b).backend == "xla"
 
 
-def test_auto_may_run_xlas_dequantize_program_where_it_measured_fastest(fresh, rng):
+def test_auto_may_run_xlas_dequantize_program_where_it_measured_fastest(fresh_measurement, rng):
   """Block-scaled FP8 at few rows: XLA's dequantize-then-bf16 program is a candidate
   (issue 44: 0.39-0.51x of it on a GPU), and auto runs it where it measured fastest."""
   x = jnp.asarray(rng.standard_normal((32, 256)), jnp.float32)
