@@ -64,7 +64,7 @@ def test_random_suites_are_fixed_draws():
 
 def test_suites_are_named_and_nonempty():
   assert set(S.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "random",
-                               "random-holdout", "tiny", "training", "moe", "moe-tiny",
+                               "random-holdout", "tiny", "training", "moe", "moe-fine", "moe-tiny",
                                "epilogue", "epilogue-tiny", "fp8", "fp8-tiny", "sharded",
                                "heldout", "heldout-tiny"}
   for name, probs in P.SUITES.items():

@@ -132,6 +132,21 @@ MOE_LAYERS = (
     ("g8.m128.k4096.n14336", 8, 128, 4096, 14336, False, True, True, False,
      "decode: 128 tokens over 0.94 GB of weights, memory bound"),
 )
+# Issue 45: where MoE models have gone, many small experts (the `moe-fine` suite). XLA's
+# lax.ragged_dot runs 1-10 TFLOP/s on them (issue 44's table, H100); the floors are the
+# issue's: G=128 compute bound (aim for dense rates), G=256 N=256 and decode weight bound.
+MOE_FINE_LAYERS = (
+    ("g128.m16384.k2048.n768", 128, 16384, 2048, 768, True, True, True, True,
+     "Qwen3-30B-A3B: 128 experts of 2048x768, 16384 tokens"),
+    ("g32.m8192.k7168.n2048", 32, 8192, 7168, 2048, True, True, False, False,
+     "DeepSeek-V3 on 8-way expert parallelism: 32 local experts of 7168x2048"),
+    ("g256.m8192.k7168.n2048", 256, 8192, 7168, 2048, False, True, False, False,
+     "DeepSeek-V3's 256 experts (no expert parallelism): 7.5 GB of weights"),
+    ("g256.m8192.k7168.n256", 256, 8192, 7168, 256, False, True, False, False,
+     "256 experts of N=256: 940 MB of weights, 0.28 ms at 3.35 TB/s"),
+    ("g64.m256.k2048.n1408", 64, 256, 2048, 1408, False, True, True, False,
+     "decode: 256 tokens over 64 experts' 370 MB of weights"),
+)
 # The CPU's analogues: small enough for the interpreters, with the edge cases
 # (empty groups, a group of one row, rows past sum(group_sizes), which are zeros).
 MOE_TINY_LAYERS = (
@@ -172,6 +187,7 @@ def _moe_layer(suite, row, tiny, modes):
 MOE_SUITES: dict[str, list[MoeProblem]] = {
     "moe": _moe("moe", MOE_LAYERS),
     "moe-tiny": _moe("moe-tiny", MOE_TINY_LAYERS, tiny=True),
+    "moe-fine": _moe("moe-fine", MOE_FINE_LAYERS),
 }
 
 # ---------------------------------------------------------------- the report
@@ -370,6 +386,10 @@ ENTRY = BenchOp(
         Suite("moe", "grouped GEMM (ragged_dot, issue 26): 4 MoE layers (2 memory bound) and the "
               "backward GEMMs of 2, vs lax.ragged_dot and jax's example kernel; an MoE "
               "training step", MOE_SUITES["moe"], runner="moe",
+              list_note="then an MoE training step (bench/training.py)"),
+        Suite("moe-fine", "fine-grained MoE (issue 45): Qwen3-MoE's 128 experts, DeepSeek-V3's "
+              "256 and its EP8 share of 32, weight-bound N=256, decode; backward GEMMs of 2",
+              MOE_SUITES["moe-fine"], runner="moe",
               list_note="then an MoE training step (bench/training.py)"),
         Suite("moe-tiny", "the moe suite's CPU analogue (interpreters; empty groups, a one-row "
               "group)", MOE_SUITES["moe-tiny"], runner="moe", cpu_default=True,
