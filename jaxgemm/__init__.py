@@ -18,11 +18,11 @@ from jaxgemm.config import KernelConfig
 from jaxgemm.dispatch import KernelFallbackWarning
 from jaxgemm.ops.matmul import (GemmProblem, PallasConfig, TritonConfig, XlaConfig,
                                 dot_general, matmul_p)
-from jaxgemm.ops.router import matmul
+from jaxgemm.ops.router import matmul, ragged_dot
 from jaxgemm.ops.fused_matmul import FusedMatmulProblem, fused_matmul_p
 from jaxgemm.ops.glu import GluProblem, glu, glu_p
 from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,
-                                    RaggedDotTritonConfig, XlaRaggedDotConfig, ragged_dot,
+                                    RaggedDotTritonConfig, XlaRaggedDotConfig,
                                     ragged_dot_general, ragged_dot_p)
 from jaxgemm.ops.scaled_matmul import (Fp8Recipe, ScaledMatmulProblem, quantize,
                                        scaled_matmul)

@@ -5,6 +5,9 @@
     fp8=                            -> three `scaled_matmul` GEMMs in a custom VJP
                                        (jaxgemm/ops/scaled_matmul/training.py)
 
+and `jaxgemm.ragged_dot` likewise: plain to `ragged_dot_p` (jaxgemm/ops/ragged_dot/api.py),
+`fp8=` to FP8 grouped GEMMs in a custom VJP (jaxgemm/ops/scaled_ragged_dot/training.py).
+
 It sits above the ops, so no op imports another to reach it: each op's own function
 takes only what that op computes. `jaxgemm.dot_general` has no epilogue or FP8
 argument, so it is matmul's own (`jaxgemm.ops.matmul.api.dot_general`).
@@ -12,13 +15,17 @@ argument, so it is matmul's own (`jaxgemm.ops.matmul.api.dot_general`).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 
 from jaxgemm import gemm
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops.fused_matmul import api as fused_matmul_api
 from jaxgemm.ops.matmul import api as matmul_api
+from jaxgemm.ops.ragged_dot import api as ragged_dot_api
 from jaxgemm.ops.scaled_matmul import training as fp8_training
+from jaxgemm.ops.scaled_ragged_dot import training as fp8_grouped_training
 
 
 def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8=None,
@@ -81,3 +88,36 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
     return fused_matmul_api.fused_matmul(a, b, bias=bias, activation=activation,
                                          residual=residual, **kwargs)
   return matmul_api.matmul(a, b, **kwargs)
+
+
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, *,
+               fp8=None, backend: str = "auto", variant: str | None = None,
+               config: KernelConfig | None = None) -> jax.Array:
+  """`jax.lax.ragged_dot` on jaxgemm's grouped GEMM kernels: a mixture-of-experts layer;
+  with `fp8=`, its GEMMs run in FP8 on operands quantized on the fly.
+
+  Without `fp8`, `jaxgemm.ops.ragged_dot.api.ragged_dot` (its docstring has the rows'
+  rules, the backends and the example). With fp8 = "tensor", "block" or a
+  `jaxgemm.Fp8Recipe`, the forward and the dgrad run as `jaxgemm.scaled_ragged_dot`
+  and the weight gradient on the bf16 grouped kernels
+  (`jaxgemm.ops.scaled_ragged_dot.training`); `preferred_element_type` is then the
+  result's dtype, the recipe's backend runs the GEMMs, and precision, variant and config
+  must be None.
+
+  >>> import jax.numpy as jnp, jaxgemm
+  >>> x = jnp.ones((6, 256), jnp.bfloat16); w = jnp.ones((2, 256, 8), jnp.bfloat16)
+  >>> jaxgemm.ragged_dot(x, w, jnp.array([2, 3]), fp8="tensor")[:, 0].tolist()
+  [256.0, 256.0, 256.0, 256.0, 256.0, 0.0]
+  """
+  if fp8 is None:
+    return ragged_dot_api.ragged_dot(lhs, rhs, group_sizes, precision, preferred_element_type,
+                                     backend=backend, variant=variant, config=config)
+  for name, value in (("precision", precision), ("variant", variant), ("config", config)):
+    if value is not None:
+      raise ValueError(f"ragged_dot(fp8=...) takes no {name} (the recipe's GEMMs choose "
+                       f"their own); got {name}={value!r}")
+  recipe = fp8_training.Fp8Recipe.named(fp8)
+  if backend != "auto":
+    recipe = dataclasses.replace(recipe, backend=backend)
+  return fp8_grouped_training.fp8_ragged_dot(lhs, rhs, group_sizes, recipe,
+                                             preferred_element_type)

@@ -90,7 +90,7 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=
     variant, config: a kernel of the backend and its config; None picks them.
 
   Not differentiable (`jax.grad` raises NotImplementedError): FP8 grouped GEMMs are
-  to be trained through the bf16 values with the planned
+  trained through the bf16 values, quantized on the fly, with
   `jaxgemm.ragged_dot(x, w, group_sizes, fp8=...)`. It composes with jit and vmap,
   and partitions on a mesh: tokens sharded stay local, experts sharded run expert
   parallel (each device its own experts' rows, one all-reduce).

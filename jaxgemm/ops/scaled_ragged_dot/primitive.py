@@ -41,14 +41,13 @@ from jaxgemm.ops.scaled_ragged_dot.problem import OUT_DTYPES, SCALE_KINDS, Scale
 
 scaled_ragged_dot_p = Primitive("jaxgemm_scaled_ragged_dot")
 
-# The message for a derivative (the FP8 grouped training path is issue 45's next part).
+# The message for a derivative: the FP8 grouped training path is `ragged_dot(fp8=)`.
 NOT_DIFFERENTIABLE = (
     "jaxgemm.scaled_ragged_dot (scaled_ragged_dot_p) has no derivative: it multiplies fp8 "
     "values already quantized, and a gradient through them (and their scales) is not "
-    "defined here. FP8 grouped GEMMs are to be differentiated through the bf16 inputs, "
-    "quantized on the fly, by the planned `jaxgemm.ragged_dot(x, w, group_sizes, fp8=...)` "
-    "(issue 45; not available yet). Until then differentiate the bf16 "
-    "`jaxgemm.ragged_dot(x, w, group_sizes)`, or wrap this call in jax.lax.stop_gradient.")
+    "defined here. FP8 grouped GEMMs are differentiated through the bf16 inputs, "
+    "quantized on the fly: `jaxgemm.ragged_dot(x, w, group_sizes, fp8=\"block\")` "
+    "(or \"tensor\", or a jaxgemm.Fp8Recipe); or wrap this call in jax.lax.stop_gradient.")
 
 
 def _names(dtypes) -> list[str]:
