@@ -6,7 +6,7 @@ math), K steps of 32 inside the 128-wide scale blocks, the rows before the first
 a device's share (`rows_before_groups`), and nothing read of an empty expert (its weights
 and scales NaN) against float64 of the dequantized operands; the config checks (errors
 name the field and what is valid) and the tuning candidates on the issue's MoE shapes.
-The sm_90 PTX of the heuristic's launches (wgmma in fp8 or f16, cp.async). The op-level
+The persistent kernel; the sm_90 PTX of the heuristic's launches (wgmma in fp8 or f16, cp.async). The op-level
 contract (every scale kind and fp8 pairing, routings, jit, vmap) is
 tests/test_scaled_ragged_dot.py's, which runs this kernel too.
 """
@@ -85,6 +85,18 @@ def test_k_steps_inside_scale_blocks_rows_before_groups_and_empty_experts(kind, 
   assert not np.any(as_f64(out)[0, :5]) and not np.any(as_f64(out)[0, 41:])
 
 
+@pytest.mark.parametrize("kind", ["row_col", "block"])
+def test_persistent(kind, rng):
+  """The persistent kernel (interpreted: DEFAULT_NUM_SMS programs, most walking none or
+  several items), unused slots and the rows in no group among them: the rows in no
+  group are zeros though the last expert, which their items clamp to, is empty and its
+  scales NaN."""
+  problem = _problem(4, 48, 200, 72, kind)
+  out = _run(problem, [0, 9, 10, 30], [9, 10, 30, 30],
+             dataclasses.replace(SMALL, persistent=True, rhs_k_major=kind == "block"), rng)
+  assert not np.any(as_f64(out)[0, 30:])
+
+
 def test_bf16_output_rounds_to_nearest(rng):
   """A bfloat16 result rounded as the GPU rounds (the interpreter stores fp32 and XLA
   rounds it: `scaled.stored_dtype`), through the heuristic's config."""
@@ -135,6 +147,7 @@ def test_tuning_candidates_pass_check(shape, kind):
   for variant, config in candidates:
     BACKEND.check(problem, variant, config)
   assert {c.rhs_k_major for _, c in candidates} == {False, True}
+  assert {c.persistent for _, c in candidates} == {False, True}
   groups, m = shape[:2]
   assert candidates[0][1].rhs_k_major == (m // groups > 128), candidates[0]
 
@@ -142,9 +155,10 @@ def test_tuning_candidates_pass_check(shape, kind):
 # ---------------------------------------------------------------- PTX
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["grid", "persistent"])
 @pytest.mark.parametrize("shape", [(4, 32768, 7168, 4096), (64, 256, 2048, 1408)],
                          ids=["contiguous", "decode"])
-def test_sm90_ptx_of_the_heuristic_launch(shape, monkeypatch):
+def test_sm90_ptx_of_the_heuristic_launch(shape, persistent, monkeypatch):
   """The heuristic's launch (block scales) compiles for sm_90 to wgmma with both operands
   in the cp.async pipeline (no byte-permute transposes): FP8 wgmma (e4m3 x e5m2) on
   transposed experts (32 cp.async at 128x128x128 in 4 stages, Triton 3.9); f16 wgmma on
@@ -153,7 +167,8 @@ def test_sm90_ptx_of_the_heuristic_launch(shape, monkeypatch):
   import re  # noqa: PLC0415
   from test_triton_ptx import compile_like_jax_triton  # noqa: PLC0415
   problem = _problem(*shape)
-  config = BACKEND.default_config(problem, "grouped")
+  config = dataclasses.replace(BACKEND.default_config(problem, "grouped"),
+                               persistent=persistent)
   ptx = compile_like_jax_triton(grouped.launch(problem, config, "cuda"),
                                 [E4M3, E5M2, np.int32, F32, F32], monkeypatch)
   kind = "e4m3.e5m2" if config.rhs_k_major else "f16.f16"

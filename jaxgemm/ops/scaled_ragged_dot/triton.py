@@ -1,6 +1,7 @@
 """The `triton` backend of scaled_ragged_dot: the kernel in `jaxgemm.kernels.triton.scaled_ragged_dot`.
 
-One variant, `grouped`: ragged_dot's grouped kernel (a program per (group row tile,
+One variant, `grouped` (on a grid of work items, or persistent: `config.persistent`):
+ragged_dot's grouped kernel (a program per (group row tile,
 output tile), the tiles mapped to groups by a table computed on the device,
 `jaxgemm.ragged_schedule`, so routing changes with no recompile) running
 scaled_matmul's FP8 K loop (a block's fp8 products summed on the tensor cores into
@@ -58,6 +59,8 @@ class ScaledRaggedDotTritonConfig(KernelConfig):
   128: a step never crosses a 128-wide scale block). group_m: tile rows walked per
   column (L2 reuse). rhs_k_major: transpose the experts to (N, K) first and multiply
   in fp8, else read them (K, N) in place and multiply in float16 (module docstring).
+  persistent: one program per SM walking the work items (ragged_dot's), so that the
+  next item's loads overlap this one's epilogue.
 
   >>> ScaledRaggedDotTritonConfig(block_m=64, block_k=64, rhs_k_major=True).block_k
   64
@@ -71,6 +74,7 @@ class ScaledRaggedDotTritonConfig(KernelConfig):
   num_warps: int = power_of_two(1, 16, default=8)
   num_stages: int = int_range(1, 8, default=4)
   rhs_k_major: bool = False
+  persistent: bool = False
 
 
 class TritonScaledRaggedDot(registry.Backend):
@@ -115,13 +119,16 @@ class TritonScaledRaggedDot(registry.Backend):
   def tuning_candidates(self, problem: ScaledRaggedDotProblem
                         ) -> list[tuple[str, KernelConfig]]:
     """The heuristic's config first, then each tile of `_TILES` with the experts read in
-    place and transposed (clamped, fitted, without repeats)."""
+    place and transposed, each on a grid of work items and persistent (clamped, fitted,
+    without repeats)."""
     out = [("grouped", self.default_config(problem, "grouped"))]
     for tile in _TILES:
       for rhs_k_major in (False, True):
-        candidate = ("grouped", self._within_smem(self._config(problem, tile, rhs_k_major)))
-        if candidate not in out:
-          out.append(candidate)
+        config = self._within_smem(self._config(problem, tile, rhs_k_major))
+        for persistent in (False, True):
+          candidate = ("grouped", dataclasses.replace(config, persistent=persistent))
+          if candidate not in out:
+            out.append(candidate)
     return out
 
   def _within_smem(self, config: ScaledRaggedDotTritonConfig) -> ScaledRaggedDotTritonConfig:
