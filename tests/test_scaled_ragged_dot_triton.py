@@ -4,11 +4,12 @@ CPU: Triton's interpreter runs the kernel itself, through the backend's `impl`, 
 problems: the experts read in place (f16 math) and transposed first (`rhs_k_major`, fp8
 math), K steps of 32 inside the 128-wide scale blocks, the rows before the first group of
 a device's share (`rows_before_groups`), and nothing read of an empty expert (its weights
-and scales NaN) against float64 of the dequantized operands; the config checks (errors
-name the field and what is valid) and the tuning candidates on the issue's MoE shapes.
-The persistent kernel; the sm_90 PTX of the heuristic's launches (wgmma in fp8 or f16, cp.async). The op-level
-contract (every scale kind and fp8 pairing, routings, jit, vmap) is
-tests/test_scaled_ragged_dot.py's, which runs this kernel too.
+and scales NaN) against float64 of the dequantized operands, and the persistent
+kernel; the config checks (errors name the field and what is valid) and the tuning
+candidates on the issue's MoE shapes; the sm_90 PTX of the heuristic's launches (wgmma
+in fp8 or f16, cp.async, the promotion). The op-level contract (every scale kind and
+fp8 pairing, routings, jit, vmap) is tests/test_scaled_ragged_dot.py's, which runs this
+kernel too.
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
-"""The `triton` backend of scaled_ragged_dot: the kernel in `jaxgemm.kernels.triton.scaled_ragged_dot`.
+"""The `triton` backend of scaled_ragged_dot: `jaxgemm.kernels.triton.scaled_ragged_dot`.
 
 One variant, `grouped` (on a grid of work items, or persistent: `config.persistent`):
-ragged_dot's grouped kernel (a program per (group row tile,
-output tile), the tiles mapped to groups by a table computed on the device,
-`jaxgemm.ragged_schedule`, so routing changes with no recompile) running
-scaled_matmul's FP8 K loop (a block's fp8 products summed on the tensor cores into
-a fresh fp32 partial sum every 128 of K, promoted into the fp32 accumulator times
-the block's scales for "block" scales; the other kinds' scales in the epilogue):
+ragged_dot's grouped kernel (a program per (group row tile, output tile), the tiles
+mapped to groups by a table computed on the device, `jaxgemm.ragged_schedule`, so
+routing changes with no recompile) running scaled_matmul's FP8 K loop (a block's fp8
+products summed on the tensor cores into a fresh fp32 partial sum every 128 of K,
+promoted into the fp32 accumulator times the block's scales for "block" scales; the
+other kinds' scales in the epilogue). With g the group of row r:
 
-    out[r] = round_out( sum_kb partial_kb[r] * lhs_scale[r, kb] * rhs_scale[g(r), kb, n // 128] )  "block"
-    out[r] = round_out( (sum_kb partial_kb[r]) * lhs_scale[r] * rhs_scale[g(r)] )                   otherwise
+    "block":   out[r] = round_out(sum_kb partial_kb[r] * lhs_scale[r, kb]
+                                                      * rhs_scale[g, kb, n // 128])
+    otherwise: out[r] = round_out((sum_kb partial_kb[r]) * lhs_scale[r] * rhs_scale[g])
 
-the xla backend's semantics (its `scaled_grouped_product`): rows in no group are
+These are the xla backend's semantics (its `scaled_grouped_product`): rows in no group are
 zeros, an empty expert's weights and scales are never read. Every scale kind of
 `ScaledRaggedDotProblem` and any pairing of e4m3 and e5m2 operands; ragged-M (the
 problem has no ragged-K form). On the CPU the same kernel source runs in Triton's
