@@ -538,7 +538,8 @@ def fresh_versions():
     ("kernels/triton/epilogue.py",
      {("matmul", "triton", v) for v in registry.variants("triton")}
      | {("fused_matmul", "triton", v) for v in ("tensorcore", "persistent")}
-     | {("glu", "triton", "dual"), ("scaled_matmul", "triton", "blocked")}),
+     | {("glu", "triton", "dual"), ("scaled_matmul", "triton", "blocked"),
+        ("scaled_ragged_dot", "triton", "grouped")}),   # through scaled_matmul's kernel
     ("jaxgemm/triton_call.py",
      _rungs_of("triton")
      | {("scaled_matmul", "pallas", v)     # its fp8 transpose is a Triton kernel

@@ -18,17 +18,18 @@ each expert ((M, 1), (G, 1, N)), and blocks (1x128 of lhs, (M, ceil(K/128));
 
 Differentiation: none (the JVP rule raises, as scaled_matmul's does); the FP8
 training path for grouped GEMMs, `ragged_dot(..., fp8=)`, is planned (issue 45).
-Kernels (Triton, Pallas) are to register after "xla", as scaled_matmul's do.
+Kernels register after "xla", as scaled_matmul's do (a Pallas kernel is to follow).
 
 Importing this package registers the op and its backends, in preference order.
 """
 
 from jaxgemm.ops.scaled_ragged_dot import primitive  # noqa: F401 (registers the op first)
-from jaxgemm.ops.scaled_ragged_dot import xla  # noqa: F401 (backends, in this order)
+from jaxgemm.ops.scaled_ragged_dot import xla, triton  # noqa: F401 (backends, in this order)
 from jaxgemm.ops.scaled_ragged_dot.api import scaled_ragged_dot
 from jaxgemm.ops.scaled_ragged_dot.primitive import scaled_ragged_dot_p
 from jaxgemm.ops.scaled_ragged_dot.problem import ScaledRaggedDotProblem
+from jaxgemm.ops.scaled_ragged_dot.triton import ScaledRaggedDotTritonConfig
 from jaxgemm.ops.scaled_ragged_dot.xla import XlaScaledRaggedDotConfig
 
-__all__ = ["ScaledRaggedDotProblem", "XlaScaledRaggedDotConfig", "scaled_ragged_dot",
-           "scaled_ragged_dot_p"]
+__all__ = ["ScaledRaggedDotProblem", "ScaledRaggedDotTritonConfig", "XlaScaledRaggedDotConfig",
+           "scaled_ragged_dot", "scaled_ragged_dot_p"]
