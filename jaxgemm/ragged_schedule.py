@@ -67,9 +67,12 @@ def row_tiles(bounds: jax.Array, m: int, block_m: int, align: int = 1) -> jax.Ar
   ~280 us grouped GEMM on the H100 (research/ragged_dot/triton_gpu.py at ead8d4f).
   """
   batch, _, groups = bounds.shape
-  # The ranges: [0, first group's start), the G groups, [last group's end, m).
+  # The ranges: [0, first group's start), the G groups, [the groups' last end, m). The
+  # last end is the largest, not the last group's: an unevenly sharded G pads a device's
+  # groups with (0, 0), whose end would make the zero range all of [0, m) (rows written
+  # twice, racing the groups' own tiles).
   starts = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), bounds[:, 0],
-                            bounds[:, 1, -1:]], axis=-1)                     # (B, G + 2)
+                            jnp.max(bounds[:, 1], axis=-1, keepdims=True)], axis=-1)
   ends = jnp.concatenate([bounds[:, 0, :1], bounds[:, 1],
                           jnp.full((batch, 1), m, jnp.int32)], axis=-1)
   labels = jnp.concatenate([jnp.array([groups]), jnp.arange(groups),

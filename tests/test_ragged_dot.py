@@ -355,6 +355,20 @@ def test_row_tiles_cover_every_row_once(trial, rng):
       assert mine.shape[1] == (-(-(end - start + start % align) // block_m) if end > start else 0)
 
 
+def test_row_tiles_ignore_empty_groups_padded_at_the_end():
+  """A device's share of an unevenly sharded G ends with (0, 0) groups: the rows past the
+  real groups are still the zero range's alone, and no row is in two slots."""
+  from jaxgemm import ragged_schedule as schedule
+  bounds = jnp.asarray([[[0, 5, 0], [5, 12, 0]]], jnp.int32)   # groups [0,5), [5,12), pad
+  table = np.asarray(schedule.row_tiles(bounds, 16, 8))[0]
+  owner = np.full(16, -1)
+  for group, start, end in table.T:
+    if start < end:
+      assert (owner[start:end] == -1).all(), f"rows {start}:{end} in two slots"
+      owner[start:end] = group
+  np.testing.assert_array_equal(owner, [0] * 5 + [1] * 7 + [3] * 4)
+
+
 # ----------------------------------------------------------------- auto
 
 @pytest.mark.parametrize("kind,ragged_contracting,m,want", [
