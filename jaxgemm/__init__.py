@@ -26,7 +26,8 @@ from jaxgemm.ops.ragged_dot import (RaggedDotPallasConfig, RaggedDotProblem,
                                     ragged_dot_general, ragged_dot_p)
 from jaxgemm.ops.scaled_matmul import (Fp8Recipe, ScaledMatmulProblem, quantize,
                                        scaled_matmul)
-from jaxgemm.ops.scaled_ragged_dot import ScaledRaggedDotProblem, scaled_ragged_dot
+from jaxgemm.ops.scaled_ragged_dot import (ScaledRaggedDotProblem, ScaledRaggedDotTritonConfig,
+                                           scaled_ragged_dot)
 from jaxgemm.registry import backends, variants
 from jaxgemm.tuning import autotune, problems_in
 
@@ -43,6 +44,7 @@ __all__ = [
     "RaggedDotTritonConfig",
     "ScaledMatmulProblem",
     "ScaledRaggedDotProblem",
+    "ScaledRaggedDotTritonConfig",
     "TritonConfig",
     "XlaConfig",
     "XlaRaggedDotConfig",

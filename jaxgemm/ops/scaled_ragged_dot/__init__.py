@@ -9,16 +9,21 @@ over one primitive, `scaled_ragged_dot_p`.
                   expert-parallel, block scales sliced per device); registers the op
     xla.py        backend "xla": lax.ragged_dot of the fp8 values widened to bf16,
                   the scales on its fp32 partial sums (every 128 of K with block
-                  scales): the reference, and what "auto" runs
+                  scales): the reference
+    triton.py     backend "triton": the grouped FP8 kernels (kernels/triton/
+                  scaled_ragged_dot/), ragged_dot's device-side schedule with
+                  scaled_matmul's K loop (partial sums promoted every 128 of K)
+    training.py   the FP8 grouped training path, `jaxgemm.ragged_dot(..., fp8=)`
+                  (the router sends it here): forward and dgrad on this op
 
 Scale kinds, as `jaxgemm.quantize` returns them (G a batch dimension of rhs, so
 the blocks are per expert): per tensor (() and ()), per row of lhs and column of
 each expert ((M, 1), (G, 1, N)), and blocks (1x128 of lhs, (M, ceil(K/128));
 128x128 of each expert, (G, ceil(K/128), ceil(N/128))).
 
-Differentiation: none (the JVP rule raises, as scaled_matmul's does); the FP8
-training path for grouped GEMMs, `ragged_dot(..., fp8=)`, is planned (issue 45).
-Kernels register after "xla", as scaled_matmul's do (a Pallas kernel is to follow).
+Differentiation: none (the JVP rule raises, as scaled_matmul's does); FP8 grouped
+GEMMs train through `jaxgemm.ragged_dot(..., fp8=)` (training.py). Kernels register
+after "xla", as scaled_matmul's do (a Pallas kernel is to follow).
 
 Importing this package registers the op and its backends, in preference order.
 """
