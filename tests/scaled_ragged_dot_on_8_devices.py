@@ -120,3 +120,32 @@ def test_tokens_local_and_experts_parallel(partitioner, kind, layout):
                                                    K // shards(rhs_spec[1]),
                                                    N // shards(rhs_spec[2]), kind)
       for p in local), local
+
+
+@pytest.mark.parametrize("fp8", ["tensor", "block"])
+@pytest.mark.parametrize("layout", ["tokens", "experts"])
+def test_the_fp8_training_path_partitions(layout, fp8):
+  """`jaxgemm.ragged_dot(fp8=)` sharded, its loss and gradients as on one device (per tensor,
+  the amax reduced over every shard): tokens stay local, the experts' weights are not
+  gathered (expert parallelism), and no bf16 or fp8 operand is gathered at all."""
+  lhs_spec, rhs_spec, (shape, names) = LAYOUTS[layout]
+  mesh = _mesh(shape, names)
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+  w = jnp.asarray(rng.standard_normal((G, K, N)) / np.sqrt(K), jnp.bfloat16)
+  dy = jnp.asarray(rng.standard_normal((M, N)), jnp.bfloat16)
+
+  def loss(x, w, sizes, dy):
+    y = jaxgemm.ragged_dot(x, w, sizes, fp8=fp8, backend="xla")
+    return (y.astype(F32) * dy.astype(F32)).sum()
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  want = step(x, w, jnp.asarray(SIZES), dy)
+  placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in
+            zip((x, w, jnp.asarray(SIZES), dy), (lhs_spec, rhs_spec, P(rhs_spec[0]), lhs_spec))]
+  compiled = step.lower(*placed).compile()
+  got = compiled(*placed)
+  for g, v, what in zip(jax.tree.leaves(got), jax.tree.leaves(want), ("loss", "dx", "dw")):
+    # the shards' partial sums add in another order: bf16's rounding, norm-wise
+    err = np.linalg.norm(as_f64(g) - as_f64(v)) / np.linalg.norm(as_f64(v))
+    assert err <= 2.0**-8, (what, err)
+  assert not float_gathers(compiled.as_text()), float_gathers(compiled.as_text())
