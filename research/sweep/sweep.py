@@ -534,8 +534,12 @@ class Log:
   def __call__(self, line: str) -> None:
     line = self.prefix + line
     print(line, flush=True)
-    with gzip.open(self.path, "at") as f:
-      f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+    member = gzip.compress(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n".encode(), mtime=0)
+    # One whole member per write, under a lock: gzip.open's appends write a member in
+    # pieces, and two workers' pieces interleaved into a file no reader could decompress
+    # (a fresh clone's CI at 486de00).
+    with tuning_cache.locked(self.path), open(self.path, "ab") as f:
+      f.write(member)
 
 
 def shard_of(ident: str, workers: int) -> int:
