@@ -91,6 +91,14 @@ class KernelConfig:
     return cls.from_dict(json.loads(s))
 
 
+def check_shared_memory(what: str, smem: int, formula: str, capacity: int) -> None:
+  """ValueError naming the launch (`what`), its shared memory and how it adds up
+  (`formula`) where it needs more than `capacity` bytes: every Triton backend's check."""
+  if smem > capacity:
+    raise ValueError(f"{what}: config needs {smem} bytes of shared memory ({formula}), more "
+                     f"than the {capacity} available; lower num_stages or the tiles")
+
+
 def within_shared_memory(config, smem_bytes: Callable[[Any], int], capacity: int):
   """`config` with fewer pipeline stages, then narrower N tiles, until `smem_bytes(config)`
   fits in `capacity` (the Triton backends' configs: `num_stages`, `block_n`); as it is

@@ -28,7 +28,7 @@ from jaxgemm.kernels.triton.scaled_matmul import scaled, transpose  # noqa: E402
 from jaxgemm.gemm import SMEM_CAPACITY_BYTES as SMEM_BYTES  # noqa: E402
 from jaxgemm.ops.matmul.triton import TritonConfig  # noqa: E402
 from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem  # noqa: E402
-from jaxgemm.ops.scaled_matmul.triton import TritonScaledMatmul  # noqa: E402
+from jaxgemm.ops.scaled_matmul.triton import TritonScaledMatmul, fp8_smem_bytes  # noqa: E402
 
 KINDS = ("tensor", "row_col", "block")
 LAYOUTS = [(False, False), (False, True), (True, False), (True, True)]
@@ -296,7 +296,7 @@ def test_heuristic_tiles():
   assert (big.block_m, big.block_n, big.block_k, big.num_warps, big.num_stages) == (
       128, 128, 128, 8, 4)
   assert big.align_operands
-  assert (gpu._smem_bytes(big)[0]) == 4 * 256 * 128 <= SMEM_BYTES
+  assert fp8_smem_bytes(big)[0] == 4 * 256 * 128 <= SMEM_BYTES
   # Up to 128 rows a B stored (K, N) is read in place: block scales with f16 wgmma on
   # 128x64x128 tiles.
   decode = gpu.default_config(_problem(16, 8192, 8192), "blocked")

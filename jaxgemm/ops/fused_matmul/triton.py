@@ -31,7 +31,7 @@ import importlib
 
 
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, within_shared_memory
+from jaxgemm.config import KernelConfig, check_shared_memory, within_shared_memory
 from jaxgemm.gemm import SMEM_CAPACITY_BYTES
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
@@ -124,11 +124,7 @@ class TritonFusedMatmul(registry.Backend):
       raise NotImplementedError(f"{what}: the TMA path does not gate operand tiles "
                                 f"(gate={problem.gate!r}); use tma=False")
     self._matmul.check(problem.as_gemm(), variant, config)
-    smem, formula = self._smem_bytes(problem, variant, config)
-    if smem > SMEM_CAPACITY_BYTES:
-      raise ValueError(
-          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
+    check_shared_memory(what, *self._smem_bytes(problem, variant, config), SMEM_CAPACITY_BYTES)
 
   def impl(self, problem: FusedMatmulProblem, variant: str, config: KernelConfig,
            platform: str):

@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, within_shared_memory
+from jaxgemm.config import KernelConfig, check_shared_memory, within_shared_memory
 from jaxgemm.gemm import SMEM_CAPACITY_BYTES
 from jaxgemm.ops import activations
 from jaxgemm.ops.glu.problem import GluProblem
@@ -104,11 +104,7 @@ class TritonGlu(registry.Backend):
     # The tensor-core rung's checks: dtypes, no exact fp32, block_k >= 16.
     self._matmul.check(problem.as_gemm(), "tensorcore",
                        dataclasses.replace(config, num_stages=1))
-    smem, formula = self._smem_bytes(problem, config)
-    if smem > SMEM_CAPACITY_BYTES:
-      raise ValueError(
-          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
+    check_shared_memory(what, *self._smem_bytes(problem, config), SMEM_CAPACITY_BYTES)
 
   def impl(self, problem: GluProblem, variant: str, config: KernelConfig, platform: str):
     """fn(x, wg, wu[, bias_gate, bias_up]) -> H, or (H, Zg, Zu) with save_preactivation."""

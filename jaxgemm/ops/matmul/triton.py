@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from jaxgemm import registry
-from jaxgemm.config import (KernelConfig, check, int_range, power_of_two,
+from jaxgemm.config import (KernelConfig, check, check_shared_memory, int_range, power_of_two,
                             within_shared_memory)
 from jaxgemm.gemm import SMEM_CAPACITY_BYTES, GemmProblem, pow2_at_least, tile_count
 from jaxgemm.kernels.triton.matmul import layout
@@ -381,11 +381,7 @@ class TritonMatmul(registry.Backend):
     if config.epilogue_subtile > 1 and config.block_n % (8 * config.epilogue_subtile):
       raise ValueError(f"{what}: {config.block_n=} must be divisible by "
                        f"8 x {config.epilogue_subtile=}")
-    smem, formula = self.smem_bytes(problem, variant, config)
-    if smem > SMEM_CAPACITY_BYTES:
-      raise ValueError(
-          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
+    check_shared_memory(what, *self.smem_bytes(problem, variant, config), SMEM_CAPACITY_BYTES)
 
   def impl(self, problem: GemmProblem, variant: str, config: KernelConfig, platform: str):
     kernel = importlib.import_module(f"jaxgemm.kernels.triton.matmul.{_RUNGS[variant].module}")

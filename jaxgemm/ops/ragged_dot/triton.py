@@ -19,7 +19,8 @@ import importlib
 import numpy as np
 
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, int_range, power_of_two, within_shared_memory
+from jaxgemm.config import (KernelConfig, check_shared_memory, int_range, power_of_two,
+                            within_shared_memory)
 from jaxgemm.gemm import DEFAULT_NUM_SMS, SMEM_CAPACITY_BYTES, pow2_at_least
 from jaxgemm.ops.ragged_dot.problem import RaggedDotProblem
 
@@ -190,11 +191,7 @@ class TritonRaggedDot(registry.Backend):
     for field in ("block_m", "block_n", "block_k"):
       if getattr(config, field) < 16:
         raise ValueError(f"{what}: tl.dot needs {field} >= 16, got {getattr(config, field)}")
-    smem, formula = self._smem_bytes(problem, config)
-    if smem > SMEM_CAPACITY_BYTES:
-      raise ValueError(
-          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
+    check_shared_memory(what, *self._smem_bytes(problem, config), SMEM_CAPACITY_BYTES)
 
   def impl(self, problem: RaggedDotProblem, variant: str, config: KernelConfig, platform: str):
     grouped = importlib.import_module("jaxgemm.kernels.triton.ragged_dot.grouped")

@@ -42,7 +42,7 @@ import dataclasses
 import numpy as np
 
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, within_shared_memory
+from jaxgemm.config import KernelConfig, check_shared_memory, within_shared_memory
 from jaxgemm.gemm import BLOCK, FP8_DTYPES, SMEM_CAPACITY_BYTES, pow2_at_least, tile_count
 from jaxgemm.ops.matmul.triton import ALIGN_MIN_OPERAND_BYTES, TritonConfig, TritonMatmul
 from jaxgemm.ops.scaled_matmul.problem import ScaledMatmulProblem, kernel_win
@@ -85,6 +85,32 @@ _SWAPPED_MIN_SM_FRACTION = 0.75
 # The K steps tl.dot takes on fp8: wgmma's k is 32, and a step never crosses a
 # 128-wide scale block.
 BLOCK_K_CHOICES = (32, 64, 128)
+
+
+def check_fp8_operands(what: str, **dtypes) -> None:
+  """NotImplementedError naming the operand (its keyword) whose dtype is not fp8: the
+  FP8 kernels' check, here and in scaled_ragged_dot's backend."""
+  for name, dtype in dtypes.items():
+    if np.dtype(dtype) not in FP8_DTYPES:
+      raise NotImplementedError(f"{what} takes fp8 operands {[d.name for d in FP8_DTYPES]}; "
+                                f"got {name}.dtype={np.dtype(dtype).name}")
+
+
+def fp8_smem_bytes(config) -> tuple[int, str]:
+  """(bytes of shared memory an FP8 launch needs, the formula in words): num_stages copies
+  of both operands' tiles, one byte an element (here and in scaled_ragged_dot's backend)."""
+  smem = config.num_stages * (config.block_m + config.block_n) * config.block_k
+  formula = (f"num_stages={config.num_stages} x (block_m={config.block_m} + "
+             f"block_n={config.block_n}) x block_k={config.block_k} x 1 B")
+  return smem, formula
+
+
+def check_k_step(what: str, block_k: int) -> None:
+  """ValueError unless block_k is one of BLOCK_K_CHOICES (the FP8 kernels' K loop)."""
+  if block_k not in BLOCK_K_CHOICES:
+    raise ValueError(f"{what}: config.block_k={block_k} must be one of {list(BLOCK_K_CHOICES)} "
+                     f"(a K step divides the {BLOCK}-wide scale block, and fp8 tensor "
+                     f"cores take 32 of K at a time)")
 
 
 class TritonScaledMatmul(registry.Backend):
@@ -182,25 +208,13 @@ class TritonScaledMatmul(registry.Backend):
     return out
 
   def _within_smem(self, problem, config: TritonConfig) -> TritonConfig:
-    return within_shared_memory(config, lambda c: self._smem_bytes(c)[0], SMEM_CAPACITY_BYTES)
-
-  @staticmethod
-  def _smem_bytes(config) -> tuple[int, str]:
-    """(bytes of shared memory the launch needs, the formula in words): num_stages
-    copies of A's and B's tiles, one byte an element (fp8)."""
-    smem = config.num_stages * (config.block_m + config.block_n) * config.block_k
-    formula = (f"num_stages={config.num_stages} x (block_m={config.block_m} + "
-               f"block_n={config.block_n}) x block_k={config.block_k} x 1 B")
-    return smem, formula
+    return within_shared_memory(config, lambda c: fp8_smem_bytes(c)[0], SMEM_CAPACITY_BYTES)
 
   def check(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig) -> None:
     what = f"backend='triton' variant={variant!r} (scaled_matmul)"
     if variant not in self.variants:
       raise ValueError(f"unknown variant={variant!r} for {what}; valid: {list(self.variants)}")
-    for name, dtype in (("a", problem.dtype), ("b", problem.b_dtype)):
-      if np.dtype(dtype) not in FP8_DTYPES:
-        raise NotImplementedError(f"{what} takes fp8 operands {[d.name for d in FP8_DTYPES]}; "
-                                  f"got {name}.dtype={np.dtype(dtype).name}")
+    check_fp8_operands(what, a=problem.dtype, b=problem.b_dtype)
     if config.split_k > 1:
       raise NotImplementedError(f"{what} does not split K; config.split_k must be 1, got "
                                 f"{config.split_k}")
@@ -215,15 +229,8 @@ class TritonScaledMatmul(registry.Backend):
     if config.swap_ab and problem.scale_kind == "block":
       raise ValueError(f"{what}: config.swap_ab=True needs 'tensor' or 'row_col' scales, got "
                        f"scale_kind='block' (a's 1x128 and b's 128x128 blocks do not swap)")
-    if config.block_k not in BLOCK_K_CHOICES:
-      raise ValueError(f"{what}: {config.block_k=} must be one of {list(BLOCK_K_CHOICES)} "
-                       f"(a K step divides the {BLOCK}-wide scale block, and fp8 tensor "
-                       f"cores take 32 of K at a time)")
-    smem, formula = self._smem_bytes(config)
-    if smem > SMEM_CAPACITY_BYTES:
-      raise ValueError(
-          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
+    check_k_step(what, config.block_k)
+    check_shared_memory(what, *fp8_smem_bytes(config), SMEM_CAPACITY_BYTES)
 
   def impl(self, problem: ScaledMatmulProblem, variant: str, config: KernelConfig,
            platform: str):

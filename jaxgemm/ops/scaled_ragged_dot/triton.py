@@ -34,13 +34,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-import numpy as np
-
 from jaxgemm import registry
-from jaxgemm.config import KernelConfig, int_range, power_of_two, within_shared_memory
-from jaxgemm.gemm import BLOCK, FP8_DTYPES, SMEM_CAPACITY_BYTES, pow2_at_least
+from jaxgemm.config import (KernelConfig, check_shared_memory, int_range, power_of_two,
+                            within_shared_memory)
+from jaxgemm.gemm import SMEM_CAPACITY_BYTES, pow2_at_least
 from jaxgemm.ops.matmul.triton import ALIGN_MIN_OPERAND_BYTES
-from jaxgemm.ops.scaled_matmul.triton import BLOCK_K_CHOICES, IN_PLACE_MAX_ROWS
+from jaxgemm.ops.scaled_matmul.triton import (BLOCK_K_CHOICES, IN_PLACE_MAX_ROWS,
+                                              check_fp8_operands, check_k_step,
+                                              fp8_smem_bytes)
 from jaxgemm.ops.scaled_ragged_dot.problem import ScaledRaggedDotProblem
 
 # Tiles, largest first: (block_m, block_n, block_k, num_warps, num_stages), scaled_matmul's
@@ -133,37 +134,18 @@ class TritonScaledRaggedDot(registry.Backend):
     return out
 
   def _within_smem(self, config: ScaledRaggedDotTritonConfig) -> ScaledRaggedDotTritonConfig:
-    return within_shared_memory(config, lambda c: self._smem_bytes(c)[0], SMEM_CAPACITY_BYTES)
-
-  @staticmethod
-  def _smem_bytes(config) -> tuple[int, str]:
-    """(bytes of shared memory the launch needs, the formula in words): num_stages
-    copies of both operands' tiles, one byte an element (fp8), as scaled_matmul's."""
-    smem = config.num_stages * (config.block_m + config.block_n) * config.block_k
-    formula = (f"num_stages={config.num_stages} x (block_m={config.block_m} + "
-               f"block_n={config.block_n}) x block_k={config.block_k} x 1 B")
-    return smem, formula
+    return within_shared_memory(config, lambda c: fp8_smem_bytes(c)[0], SMEM_CAPACITY_BYTES)
 
   def check(self, problem: ScaledRaggedDotProblem, variant: str, config: KernelConfig) -> None:
     what = f"backend='triton' variant={variant!r} (scaled_ragged_dot)"
     if variant not in self.variants:
       raise ValueError(f"unknown variant={variant!r} for {what}; valid: {list(self.variants)}")
-    for name, dtype in (("lhs", problem.dtype), ("rhs", problem.rhs_dtype)):
-      if np.dtype(dtype) not in FP8_DTYPES:
-        raise NotImplementedError(f"{what} takes fp8 operands {[d.name for d in FP8_DTYPES]}; "
-                                  f"got {name}.dtype={np.dtype(dtype).name}")
+    check_fp8_operands(what, lhs=problem.dtype, rhs=problem.rhs_dtype)
     if not isinstance(config, ScaledRaggedDotTritonConfig):
       raise TypeError(f"{what} takes a ScaledRaggedDotTritonConfig; got "
                       f"{type(config).__name__}")
-    if config.block_k not in BLOCK_K_CHOICES:
-      raise ValueError(f"{what}: {config.block_k=} must be one of {list(BLOCK_K_CHOICES)} "
-                       f"(a K step divides the {BLOCK}-wide scale block, and fp8 tensor "
-                       f"cores take 32 of K at a time)")
-    smem, formula = self._smem_bytes(config)
-    if smem > SMEM_CAPACITY_BYTES:
-      raise ValueError(
-          f"{what}: config needs {smem} bytes of shared memory ({formula}), more than "
-          f"the {SMEM_CAPACITY_BYTES} available; lower num_stages or the tiles")
+    check_k_step(what, config.block_k)
+    check_shared_memory(what, *fp8_smem_bytes(config), SMEM_CAPACITY_BYTES)
 
   def impl(self, problem: ScaledRaggedDotProblem, variant: str, config: KernelConfig,
            platform: str):
