@@ -191,10 +191,10 @@ def _by_rule(problem: Problem, kind: str, rule: tuning_cache.NeighbourRule,
   the kernel whose worst speedup over the `k` nearest measured problems is highest, at
   least `margin`, with the nearest one's config that can run this problem; None: XLA."""
   near = tuning_cache.neighbours(problem, kind, rule.k, rule.align_penalty)
+  reference = (FALLBACK, registry.get_backend(FALLBACK, problem.op).variants[-1])
   worst: dict[tuple[str, str], float] | None = None
   for records in near:
-    speedups = {bv: t.speedup_vs_xla for bv, t in records.items()
-                if bv != (FALLBACK, registry.get_backend(FALLBACK, problem.op).variants[-1])}
+    speedups = {bv: t.speedup_vs_xla for bv, t in records.items() if bv != reference}
     worst = speedups if worst is None else {bv: min(x, speedups[bv])
                                             for bv, x in worst.items() if bv in speedups}
   usable = registry.backends(problem.op)

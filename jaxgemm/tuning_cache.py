@@ -476,16 +476,34 @@ def _records(entries, source, device_kind, problem, backend) -> dict[tuple[str, 
     if backend is not None and b != backend:
       continue
     version = _current_version(b, problem.op, v)
-    current = {s: r for s, r in shapes.items()
-               if version is not None and r.get("version") == version and _valid_record(r)
-               and (source == "table" or _same_libraries(r))}
+    current = {s: r for s, r in shapes.items() if _is_current(r, version, source)}
     if not current:
       continue   # stale (kernel code changed since), malformed, or no such backend
     shape = min(current, key=problem.distance)
-    r = current[shape]
-    out[(b, v)] = Tuned(b, v, dict(r["config"]), float(r["time_ms"]),
-                        float(r["xla_time_ms"]), shape, source)
+    out[(b, v)] = _as_tuned(current[shape], b, v, shape, source)
   return out
+
+
+def _is_current(r: dict, version: str | None, source: str) -> bool:
+  """Whether record `r` from layer `source` counts: its rung's current code version, well
+  formed, and (but in a shipped table) measured under the installed libraries."""
+  return (version is not None and r.get("version") == version and _valid_record(r)
+          and (source == "table" or _same_libraries(r)))
+
+
+def _as_tuned(r: dict, backend: str, variant: str, shape: str, source: str) -> Tuned:
+  return Tuned(backend, variant, dict(r["config"]), float(r["time_ms"]),
+               float(r["xla_time_ms"]), shape, source)
+
+
+def _layers(device_kind: str, cache_path) -> list[tuple[dict, str]]:
+  """The record layers, each later one overriding the earlier: the shipped table (unless
+  JAXGEMM_TABLES=off), the cache file, this process's measurements."""
+  path = default_cache_path() if cache_path == "default" else cache_path
+  layers = [(load(path), "cache"), (_SESSION, "measured")]
+  if os.environ.get(TABLES_ENV, "").lower() != "off":
+    layers.insert(0, (load(table_path(device_kind)), "table"))
+  return layers
 
 
 def _current_version(backend: str, op: str, variant: str) -> str | None:
@@ -517,12 +535,9 @@ def lookup(problem: Problem, device_kind: str, backend: str | None = None,
 
   The cache's record for a (backend, variant) overrides the shipped table's.
   """
-  path = default_cache_path() if cache_path == "default" else cache_path
   found = {}
-  if os.environ.get(TABLES_ENV, "").lower() != "off":
-    found = _records(load(table_path(device_kind)), "table", device_kind, problem, backend)
-  found.update(_records(load(path), "cache", device_kind, problem, backend))
-  found.update(_records(_SESSION, "measured", device_kind, problem, backend))
+  for entries, source in _layers(device_kind, cache_path):
+    found.update(_records(entries, source, device_kind, problem, backend))
   return list(found.values())
 
 
@@ -532,17 +547,12 @@ def measured_backends(problem: Problem, device_kind: str, xla_variant: str,
   every measurement writes (in this process, the cache or the shipped table); None where
   the problem was never measured. A record from before the list was kept measured all.
   """
-  path = default_cache_path() if cache_path == "default" else cache_path
   key = entry_key(device_kind, "xla", xla_variant, problem)
-  layers = [(_SESSION, "measured"), (load(path), "cache")]
-  if os.environ.get(TABLES_ENV, "").lower() != "off":
-    layers.append((load(table_path(device_kind)), "table"))
   version = _current_version("xla", problem.op, xla_variant)
   found = None
-  for entries, source in layers:
+  for entries, source in _layers(device_kind, cache_path):
     r = entries.get(key, {}).get(problem.shape_key())
-    if (r is None or r.get("version") != version or not _valid_record(r)
-        or (source != "table" and not _same_libraries(r))):
+    if r is None or not _is_current(r, version, source):
       continue
     measured = set(r.get("measured", ("*",)))
     found = measured if found is None else found | measured
@@ -608,17 +618,13 @@ def neighbours(problem: Problem, device_kind: str, k: int, align_penalty: float 
   as its current records by (backend, variant), XLA's included; the problem's own shape
   is left out. A measured problem is one with an XLA record (every measurement writes
   one). Layers as in `lookup`: the shipped table, the cache, this process."""
-  path = default_cache_path() if cache_path == "default" else cache_path
   fields = "|".join(problem.cache_fields())
   aligned = problem.bucket().endswith(".a16")
-  layers = [(load(path), "cache"), (_SESSION, "measured")]
-  if os.environ.get(TABLES_ENV, "").lower() != "off":
-    layers.insert(0, (load(table_path(device_kind)), "table"))
   own = problem.shape_key()
   shapes: dict[str, dict[tuple[str, str], Tuned]] = {}
   away: dict[str, float] = {}
   versions: dict[tuple[str, str], str | None] = {}
-  for entries, source in layers:
+  for entries, source in _layers(device_kind, cache_path):
     for key, records in entries.items():
       parsed = parse_key(key)
       if parsed is None or parsed[:2] != (problem.op, device_kind):
@@ -633,12 +639,9 @@ def neighbours(problem: Problem, device_kind: str, k: int, align_penalty: float 
       if (b, v) not in versions:
         versions[(b, v)] = _current_version(b, problem.op, v)
       for shape, r in records.items():
-        if (shape == own or r.get("version") != versions[(b, v)] or not _valid_record(r)
-            or (source != "table" and not _same_libraries(r))):
+        if shape == own or not _is_current(r, versions[(b, v)], source):
           continue
-        shapes.setdefault(shape, {})[(b, v)] = Tuned(
-            b, v, dict(r["config"]), float(r["time_ms"]), float(r["xla_time_ms"]), shape,
-            source)
+        shapes.setdefault(shape, {})[(b, v)] = _as_tuned(r, b, v, shape, source)
         away[shape] = problem.distance(shape) + (0.0 if same_alignment else align_penalty)
   measured = [s for s, recs in shapes.items() if any(b == "xla" for b, _ in recs)]
   measured.sort(key=lambda s: (away[s], s))
