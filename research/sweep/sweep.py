@@ -560,9 +560,7 @@ def run(args) -> int:
     return work(args, kind, files, t0)
   files.unpack()
   log = Log(files.log)
-  items = load_or_generate(card_dir, args.seed, _counts(args), args.tiny, log)
-  if args.ops:
-    items = [x for x in items if x[1].op in args.ops.split(",")]
+  items = sweep_items(args, log)
   settle_inflight(items, files, log)
   if args.workers == 1:
     args.worker = 0
@@ -620,7 +618,7 @@ def work(args, kind: str, files: CardFiles, t0: float, items=None) -> int:
   i, n = args.worker, args.workers
   log = Log(files.log, prefix=f"[w{i}] " if n > 1 else "")
   if items is None:
-    items = read_problem_list(Path(args.card_dir), args)
+    items = sweep_items(args, log)
   # A candidate that hangs cannot be interrupted: end the process past the limit, leaving
   # its chunk in flight in the state file (the next call runs it one problem at a time).
   watchdog = threading.Timer(args.limit_s + args.grace_s, lambda: (
@@ -679,8 +677,9 @@ class DeviceLock:
         self.held_s += time.perf_counter() - t1
 
 
-def read_problem_list(card_dir: Path, args):
-  items = [(s, from_json(d)) for s, d in read_problems(problems_file(card_dir))["problems"]]
+def sweep_items(args, log):
+  """The pinned problem list (`load_or_generate`), of the ops `--ops` names."""
+  items = load_or_generate(Path(args.card_dir), args.seed, _counts(args), args.tiny, log)
   if args.ops:
     items = [x for x in items if x[1].op in args.ops.split(",")]
   return items
@@ -703,8 +702,9 @@ def sweep(items, kind: str, files: CardFiles, args, log, deadline: float, timer=
   state = read_state(files.state)
   todo = [p for _, p in items if identity(p) not in state["failed"]
           and not is_done(p, kind, files.cache)]
-  alone = [p for p in todo if identity(p) in set(state["alone"])]
-  rest = [p for p in todo if identity(p) not in set(state["alone"])]
+  to_run_alone = set(state["alone"])
+  alone = [p for p in todo if identity(p) in to_run_alone]
+  rest = [p for p in todo if identity(p) not in to_run_alone]
   backends = kernel_backends(args.backends)
   log(f"sweep on {kind}: {len(items)} problems, {len(items) - len(todo)} done or failed, "
       f"{len(todo)} to go ({len(alone)} to run alone); backends {backends}, first "
