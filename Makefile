@@ -7,6 +7,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# `make test`'s pytest workers (pytest-xdist): one per core, since the kernel
+# interpreters run on one core each; TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= auto
 BENCH_ARGS ?=
 
 .PHONY: test bench gpu-test gpu-bench gpu-env clean
@@ -24,7 +27,7 @@ $(VENV)/.installed-%: pyproject.toml setup.py
 # `slow`: heavy transformation tests of kernels whose CPU interpreter is slow
 # (tests/conftest.py); they run compiled in gpu-test.
 test: $(VENV)/.installed-test
-	$(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not slow" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m bench $(BENCH_ARGS)
