@@ -137,11 +137,14 @@ class Program:
   custom_calls: str = ""
 
 
-def compile_program(fn, args, out_shardings=None, hlo_file=None) -> Program:
-  """Compiles fn for `args` (placed); `hlo_file`: where its collectives' HLO lines go."""
+def compile_program(fn, args, out_shardings=None, hlo_file=None,
+                    compiler_options: dict | None = None) -> Program:
+  """Compiles fn for `args` (placed); `hlo_file`: where its collectives' HLO lines go;
+  `compiler_options`: XLA's flags for this program alone (e.g. its windowed einsum)."""
   t0 = time.perf_counter()
   with sharding.recording_local_problems() as seen:
-    compiled = jax.jit(fn, out_shardings=out_shardings).lower(*args).compile()
+    compiled = jax.jit(fn, out_shardings=out_shardings).lower(*args).compile(
+        compiler_options=compiler_options)
   hlo = compiled.as_text()
   if hlo_file is not None:
     hlo_file.parent.mkdir(parents=True, exist_ok=True)
@@ -305,18 +308,49 @@ def run_layouts(ctx: Context, timer: PipelinedWallTimer, backends: list[str], si
       return (_normal(key_a, a_shape, dtype, lay.a_spec, mesh),
               _normal(key_b, b_shape, dtype, lay.b_spec, mesh, scale=1 / math.sqrt(lay.k)))
     out_sh = None if lay.out_spec is None else NamedSharding(mesh, lay.out_spec)
-    rows += _rows_against_xla(ctx, timer, mesh, backends, lay.name, fields,
-                              lambda backend: _dots(backend)[0], make_args, out_sh, hlo_dir)
+    rows += _rows_against_xla(ctx, timer, mesh, _candidates(backends, lambda mm: mm),
+                              lay.name, fields, jnp.matmul, make_args, out_sh, hlo_dir)
   return rows
 
 
-def _rows_against_xla(ctx: Context, timer: PipelinedWallTimer, mesh, backends: list[str],
-                      problem: str, fields: dict, program: Callable, make_args: Callable,
-                      out_shardings, hlo_dir=None) -> list[dict]:
-  """One problem's rows: XLA's program (`program(None)`, jnp / lax) and each backend's
-  (`program(backend)`), compiled for the same placed inputs (`make_args()`) and output
-  shardings, checked against XLA's results (every output: the relative Frobenius error
-  against the dtype's tolerance) and timed interleaved with it. XLA's row comes last."""
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  """One program a row times against XLA's: `fn` on the placed inputs.
+
+  checked: its results must match XLA's (False: it computes something else on purpose,
+    e.g. the local GEMMs alone, the compute floor; it is timed only).
+  out_shardings: None takes the problem's; `compiler_options`: XLA's flags for it alone.
+  """
+
+  backend: str
+  variant: str
+  fn: Callable
+  checked: bool = True
+  own_out_shardings: bool = False
+  compiler_options: dict | None = None
+
+
+def _candidates(backends: list[str], program: Callable[[Callable], Callable],
+                overlaps: tuple = (None,)) -> list[Candidate]:
+  """Each backend's program (`program(matmul)`), once per `overlap=` value in `overlaps`
+  (None: the user's default call, named "default" for auto)."""
+  out = []
+  for backend in backends:
+    for overlap in overlaps:
+      name = "default" if backend == AUTO else "(default)"
+      out.append(Candidate(backend, name if overlap is None else f"overlap={overlap}",
+                           program(_dots(backend, overlap)[0])))
+  return out
+
+
+def _rows_against_xla(ctx: Context, timer: PipelinedWallTimer, mesh,
+                      candidates: list[Candidate], problem: str, fields: dict,
+                      reference: Callable, make_args: Callable, out_shardings,
+                      hlo_dir=None) -> list[dict]:
+  """One problem's rows: XLA's program (`reference`, jnp / lax) and each candidate's,
+  compiled for the same placed inputs (`make_args()`) and output shardings, checked
+  against XLA's results (every output: the relative Frobenius error against the dtype's
+  tolerance) and timed interleaved with it. XLA's row comes last."""
   tol = TOLERANCE[ctx.dtype_name]
   ref_row = _row(ctx, timer, problem, "sharded_gemm", REF, REF_VARIANT, mesh)
   ref_row.update(fields)
@@ -328,25 +362,30 @@ def _rows_against_xla(ctx: Context, timer: PipelinedWallTimer, mesh, backends: l
   args = make_args()
   rows, ref_times = [], []
   with jax.set_mesh(mesh):
-    ref = compile_program(program(None), args, out_shardings, _hlo_file(hlo_dir, problem, REF))
+    ref = compile_program(reference, args, out_shardings, _hlo_file(hlo_dir, problem, REF))
     want = jax.tree.leaves(ref.compiled(*args))
     ref_row.update(status=STATUS_OK, **_program_fields(ref, None))
-    for backend in backends:
-      row = _row(ctx, timer, problem, "sharded_gemm", backend,
-                 "default" if backend == AUTO else "(default)", mesh)
+    for cand in candidates:
+      backend = cand.backend
+      row = _row(ctx, timer, problem, "sharded_gemm", backend, cand.variant, mesh)
       row.update(fields)
       if excluded(ctx.exclude, backend, row["variant"], problem) or _cannot_run_here(
           ctx, backend):
         row.update(status=STATUS_SKIPPED, note=_cannot_run_here(ctx, backend) or "--exclude")
       else:
         try:
-          prog = compile_program(program(backend), args, out_shardings,
-                                 _hlo_file(hlo_dir, problem, backend))
+          prog = compile_program(cand.fn, args,
+                                 None if cand.own_out_shardings else out_shardings,
+                                 _hlo_file(hlo_dir, problem, f"{backend}.{cand.variant}"),
+                                 cand.compiler_options)
           got = jax.tree.leaves(prog.compiled(*args))
-          err = max(float(_rel_err(g, w)) for g, w in zip(got, want))
+          err = (max(float(_rel_err(g, w)) for g, w in zip(got, want)) if cand.checked
+                 else 0.0)
           what = "rel_err" if len(got) == 1 else f"max rel_err of {len(got)} results"
-          row.update(_program_fields(prog, ref), tolerance=tol, note=f"{what} {err:.2e}")
-          if len(got) > 1:
+          row.update(_program_fields(prog, ref), tolerance=tol,
+                     note=f"{what} {err:.2e}" if cand.checked else "not compared (computes "
+                     "the local GEMMs alone)")
+          if len(got) > 1 and cand.checked:
             row["grad_rel_err"] = err
           if not err <= tol:
             row.update(status=STATUS_FAIL, error=f"relative error {err:.3e} > {tol:g}")
@@ -453,10 +492,45 @@ def run_mlps(ctx: Context, timer: PipelinedWallTimer, backends: list[str], size:
         return args
       out_sh = (sh["out"] if form == MLP_FORWARD
                 else (sh["out"], sh["x"], sh["w1"], sh["w2"]))
-      rows += _rows_against_xla(ctx, timer, mesh, backends, problem, fields,
-                                lambda backend, form=form: mlp_program(_dots(backend)[0], form),
-                                make_args, out_sh, hlo_dir)
+      candidates = _candidates(backends, lambda mm, form=form: mlp_program(mm, form),
+                               overlaps=MLP_OVERLAPS)
+      if ctx.on_gpu:
+        candidates.append(Candidate("xla", "windowed-einsum", mlp_program(jnp.matmul, form),
+                                    compiler_options=XLA_WINDOWED_EINSUM))
+      candidates.append(Candidate("xla", FLOOR, floor_program(form, mesh), checked=False,
+                                  own_out_shardings=True))
+      rows += _rows_against_xla(ctx, timer, mesh, candidates, problem, fields,
+                                mlp_program(jnp.matmul, form), make_args, out_sh, hlo_dir)
   return rows
+
+
+# Issue 46: each backend's MLP rows run the user's default call (overlap=None: the rule
+# in jaxgemm.collective_matmul decides), and both forced forms.
+MLP_OVERLAPS = (None, False, True)
+# XLA's own collective matmul (issue 46 measured it at 0.68x on 4 x H100): its windowed
+# einsum, for every size, on several streams.
+XLA_WINDOWED_EINSUM = {"xla_gpu_threshold_for_windowed_einsum_mib": 0,
+                       "xla_gpu_multi_streamed_windowed_einsum": True}
+FLOOR = "local GEMMs (floor)"
+
+
+def floor_program(form: str, mesh) -> Callable:
+  """The compute floor: each device's local GEMMs of the MLP (`form`) on its x shard tiled
+  to the full token count, with no collective (a shard_map). Its results are not the
+  MLP's; the tiling's copy (tokens x d_model) is counted in its time."""
+  tp = mesh.shape["tp"]
+  tile = lambda t: jnp.concatenate([t] * tp, axis=0)
+
+  def local(x, w1, w2, *dy):
+    return mlp_program(jnp.matmul, form)(tile(x), w1, w2, *map(tile, dy))
+  specs = (MLP_SPECS["x"], MLP_SPECS["w1"], MLP_SPECS["w2"])
+  if form == MLP_TRAINING:
+    specs += (MLP_SPECS["out"],)
+    out_specs = (P("tp", None), P("tp", None), MLP_SPECS["w1"], MLP_SPECS["w2"])
+  else:
+    out_specs = P("tp", None)
+  return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=out_specs,
+                       check_vma=False)
 
 
 def _time_fields(ks: dict, flops: int, xs: dict | None = None) -> dict:
@@ -593,12 +667,14 @@ def make_step(cfg: StepConfig, matmul, dot_general, dtype):
   return step
 
 
-def _dots(backend: str | None):
+def _dots(backend: str | None, overlap: bool | None = None):
   """(matmul, dot_general): jaxgemm's on `backend` (`auto`: no backend named, as a user
-  calls it), or jnp's / lax's for None."""
+  calls it) with `overlap=` (None: not passed), or jnp's / lax's for None."""
   if backend is None:
     return jnp.matmul, lax.dot_general
   kw = {} if backend == AUTO else {"backend": backend}
+  if overlap is not None:
+    kw["overlap"] = overlap
   return (lambda a, b: jaxgemm.matmul(a, b, **kw),
           lambda a, b, dims: jaxgemm.dot_general(a, b, dims, **kw))
 

@@ -172,7 +172,7 @@ def leading_dims_merged(sharding: NamedSharding, ndim: int) -> NamedSharding:
   P('x', None)
   """
   *lead, last = padded_spec(sharding.spec, max(ndim, 1))
-  return sharding.update(spec=P(_entry([a for entry in lead for a in _axes_of(entry)]), last))
+  return sharding.update(spec=P(_entry([a for entry in lead for a in axes_of(entry)]), last))
 
 
 def split_dim(entry, count: int, size: int, axis_sizes: Mapping[str, int]) -> tuple:
@@ -187,7 +187,7 @@ def split_dim(entry, count: int, size: int, axis_sizes: Mapping[str, int]) -> tu
   >>> split_dim("y", 2, 128, {"y": 4})
   (None, None)
   """
-  axes = _axes_of(entry)
+  axes = axes_of(entry)
   outer = []
   for axis in axes:
     if count == 1:
@@ -293,7 +293,7 @@ class EinsumRule:
             + ", ".join(" ".join(dims) for dims in self.results))
 
 
-def _axes_of(entry) -> tuple[str, ...]:
+def axes_of(entry) -> tuple[str, ...]:
   """The mesh axes of one PartitionSpec entry (None, a name, or a tuple of names)."""
   if entry is None or entry is P.UNCONSTRAINED:
     return ()
@@ -436,7 +436,7 @@ def _first_operand_wins(rule, operand_specs, result_spec, result_shape, axis_siz
 
   for dims, spec in zip(rule.operands, operand_specs):
     for factor, entry in zip(dims, padded_spec(spec, len(dims))):
-      claim(factor, _axes_of(entry))
+      claim(factor, axes_of(entry))
 
   reduce_axes = tuple(a for f in rule.reduction for a in factor_axes.get(f, ()))
   scatter_dims = _scatter_dims(rule, factor_axes, reduce_axes, result_spec, result_shape,
@@ -445,7 +445,7 @@ def _first_operand_wins(rule, operand_specs, result_spec, result_shape, axis_siz
   for dim, (factor, entry) in enumerate(zip(rule.result,
                                             padded_spec(result_spec, len(rule.result)))):
     if dim != scatter_dim:
-      claim(factor, _axes_of(entry))
+      claim(factor, axes_of(entry))
   return Plan(rule, factor_axes, scatter_dim)
 
 
@@ -459,16 +459,16 @@ def _scatter_dims(rule, factor_axes, reduce_axes, result_spec, result_shape,
   shards = math.prod(axis_sizes[a] for a in reduce_axes) if axis_sizes else 1
   return [dim for dim, (factor, entry) in enumerate(
               zip(rule.result, padded_spec(result_spec, len(rule.result))))
-          if not factor_axes.get(factor) and _axes_of(entry) == reduce_axes
+          if not factor_axes.get(factor) and axes_of(entry) == reduce_axes
           and (result_shape is None or result_shape[dim] % shards == 0)]
 
 
 def _operand_claims(rule, operand_specs) -> list[tuple[str, tuple[str, ...]]]:
   """(factor, mesh axes) of every sharded operand dimension a factor may keep."""
-  return [(factor, _axes_of(entry))
+  return [(factor, axes_of(entry))
           for dims, spec in zip(rule.operands, operand_specs)
           for factor, entry in zip(dims, padded_spec(spec, len(dims)))
-          if _axes_of(entry) and factor not in rule.replicated]
+          if axes_of(entry) and factor not in rule.replicated]
 
 
 def _operands_conflict(rule, operand_specs) -> bool:
@@ -490,9 +490,9 @@ def _resolutions(rule, operand_specs, result_spec, result_shape, axis_sizes) -> 
   or none, with each mesh axis on one factor at most; with each way to reduce
   (all-reduce, or reduce-scatter into a dimension the result is wanted split on)."""
   claims = _operand_claims(rule, operand_specs) + [
-      (factor, _axes_of(entry))
+      (factor, axes_of(entry))
       for factor, entry in zip(rule.result, padded_spec(result_spec, len(rule.result)))
-      if _axes_of(entry) and factor not in rule.replicated]
+      if axes_of(entry) and factor not in rule.replicated]
   options: dict[str, list[tuple[str, ...]]] = {}
   for factor, axes in claims:
     options.setdefault(factor, []).extend(axes[:n] for n in range(len(axes), 0, -1))
@@ -531,8 +531,8 @@ def reshard_bytes(shape: Sequence[int], itemsize: int, current: P | None, target
   0.0
   """
   ndim = len(shape)
-  cur = [_axes_of(e) for e in padded_spec(current, ndim)]
-  new = {a: d for d, entry in enumerate(padded_spec(target, ndim)) for a in _axes_of(entry)}
+  cur = [axes_of(e) for e in padded_spec(current, ndim)]
+  new = {a: d for d, entry in enumerate(padded_spec(target, ndim)) for a in axes_of(entry)}
   kept = [a for d, axes in enumerate(cur) for a in axes if new.get(a) == d]
   moved = [a for d, axes in enumerate(cur) for a in axes if a in new and new[a] != d]
   gathered = [a for axes in cur for a in axes if a not in new]
@@ -760,6 +760,24 @@ def _bind_local(bind_local, operands, params, plan):
   return bind_local(*operands, **params)
 
 
+# An op's hook to run its plan's move under its local GEMMs (`jaxgemm.collective_matmul`:
+# a ring of collective-permutes): (plan, the operands' specs as they come, their global
+# types, axis sizes, params) -> None (XLA's collective), or a ring with `operands` (the
+# shardings the operands keep) and `run(local, operands, reduce)` (the local result, from
+# `local` (the op on local operands) and `reduce` (the plan's reduction)).
+Overlap = Callable[[Plan, Sequence[P], Sequence[Any], Mapping[str, int], Mapping[str, Any]],
+                   Any]
+
+
+def reduce_locally(the_plan: Plan, out):
+  """The plan's reduction of the local results: a psum_scatter into the scatter
+  dimension, else a psum over the reduced axes, else nothing."""
+  if the_plan.scatter_dim is not None:
+    return jax.tree.map(lambda x: lax.psum_scatter(
+        x, the_plan.reduce_axes, scatter_dimension=the_plan.scatter_dim, tiled=True), out)
+  return lax.psum(out, the_plan.reduce_axes) if the_plan.reduce_axes else out
+
+
 def _global_params_dropped(params: Mapping[str, Any]) -> dict:
   """The params for the local call: `out_sharding` names the global result's type,
   which the local result (another shape, inside the partitioned program) does not have."""
@@ -895,7 +913,8 @@ def _params_without_interpreter(primitive: Primitive, params: dict, mesh: str) -
 
 def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
                        kernel_lowerings: Mapping[str, Callable], *,
-                       local_call: LocalCall = _bind_local) -> Primitive:
+                       local_call: LocalCall = _bind_local,
+                       overlap: Overlap | None = None) -> Primitive:
   """Make `primitive` partition by the rule `rule_of(**params)` returns; returns the
   local primitive that now carries `kernel_lowerings`.
 
@@ -910,6 +929,8 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
       ``<name>_local``, and `primitive`'s lowering on each platform becomes the
       partitioned one.
     local_call: the op's hook to run its local problem (see `LocalCall`).
+    overlap: the op's hook to hide its plan's collective under its local GEMMs
+      (see `Overlap`); None: the collective runs before or after one local call.
 
   A param named ``out_sharding`` is taken to be the global result's sharding and
   is None in the local call.
@@ -956,19 +977,22 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
     factor_sizes = {f: x.shape[d] for dims, x in zip(rule.operands, arg_shapes)
                     for d, f in enumerate(dims)}
     local_params = _global_params_dropped(params)
+    ring = None if overlap is None else overlap(
+        the_plan, [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)], arg_shapes,
+        dict(mesh.shape), params)
 
     def lower_fn(*operands):   # on each device's shards
       operands = [_zero_padding(x, dims, the_plan.factor_axes, factor_sizes, dict(mesh.shape))
                   if set(dims) & set(rule.reduction) else x
                   for x, dims in zip(operands, rule.operands)]
-      out = local_call(local_p.bind, operands, local_params, the_plan)
-      if the_plan.scatter_dim is not None:
-        return jax.tree.map(lambda x: lax.psum_scatter(
-            x, the_plan.reduce_axes, scatter_dimension=the_plan.scatter_dim, tiled=True), out)
-      return lax.psum(out, the_plan.reduce_axes) if the_plan.reduce_axes else out
+      local = lambda xs: local_call(local_p.bind, xs, local_params, the_plan)
+      if ring is not None:
+        return ring.run(local, operands, functools.partial(reduce_locally, the_plan))
+      return reduce_locally(the_plan, local(operands))
 
+    operand_specs = the_plan.operands if ring is None else ring.operands
     return (mesh, lower_fn, result_shardings(mesh, the_plan, len(result_shape) if multiple else 1),
-            tuple(NamedSharding(mesh, s) for s in the_plan.operands))
+            tuple(NamedSharding(mesh, s) for s in operand_specs))
 
   def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):   # GSPMD
     # GSPMD asks before it has propagated a sharding to every operand (one computed

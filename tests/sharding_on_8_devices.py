@@ -852,7 +852,7 @@ def test_triton_quantizer_per_tensor_quantizes_each_shard_in_place(partitioner, 
   for g, w in zip(got, want):
     np.testing.assert_array_equal(np.asarray(g, F32), np.asarray(w, F32))
   (local,) = {p.shapes for p in seen if p.op == "jaxgemm_cast_transpose"}
-  shards = lambda entry: math.prod({"x": 2, "y": 4}[a] for a in sharding._axes_of(entry))
+  shards = lambda entry: math.prod({"x": 2, "y": 4}[a] for a in sharding.axes_of(entry))
   assert local == ((64 // shards(spec[0]), 96 // shards(spec[1])), ()), local
   assert got[0].sharding.is_equivalent_to(NamedSharding(mesh, spec), 2), got[0].sharding
   assert got[2].sharding.is_equivalent_to(NamedSharding(mesh, P(spec[1], spec[0])), 2)
@@ -1030,11 +1030,17 @@ def test_sharded_benchmark_suite_runs_its_layouts_and_step():
                        dtype_name="bf16", provenance={"platform": "cpu"}, emit=rows.append,
                        log=lambda s: None, run_id="cpu-test")
   S.run_sharded_suite(ctx, ["xla", "auto"])
-  by = {(r["problem"], r["backend"]): r for r in rows}
+  # Each backend's default call (XLA's reference: its one row per problem), and every row.
+  default = {"xla": "(default)", "auto": "default"}
+  every = {(r["problem"], r["backend"], r["variant"]): r for r in rows}
+  by = {(r["problem"], r["backend"]): r for r in rows
+        if r["variant"] == default.get(r["backend"], r["variant"])}
   names = [lay.name for lay in S.layouts("cpu")] + [S.STEP_NAME]
   assert sorted({r["problem"] for r in rows}) == sorted(names + S.mlp_names("cpu"))
   # The Megatron-SP MLP (issue 44): x is gathered, not W1, so jaxgemm's program moves no
-  # more bytes than jnp's; forward and backward agree with XLA's.
+  # more bytes than jnp's; forward and backward agree with XLA's. Issue 46: with
+  # overlap=True every GEMM's move is a ring of collective-permutes, still agreeing; the
+  # floor (the local GEMMs alone) moves nothing.
   for name in S.mlp_names("cpu"):
     ref = by[name, runner.REF]
     for backend in ("xla", "auto"):
@@ -1042,6 +1048,13 @@ def test_sharded_benchmark_suite_runs_its_layouts_and_step():
       assert r["status"] == "ok" and r["time_ms_median"] > 0, (name, backend, r.get("error"))
       assert r["collective_mb"] <= ref["collective_mb"], (name, r["collectives"],
                                                           ref["collectives"])
+      assert every[name, backend, "overlap=False"]["collectives"] == r["collectives"]
+      ring = every[name, backend, "overlap=True"]
+      assert ring["status"] == "ok", (name, backend, ring.get("error"))
+      assert ring["collectives"].startswith("collective-permute") and ";" not in \
+          ring["collectives"], ring["collectives"]
+    assert every[name, "xla", S.FLOOR]["collectives"] == "none"
+    assert (name, "xla", "windowed-einsum") not in every   # XLA's GPU flags: GPU rows only
   for name in names:
     ref = by[name, runner.REF]
     assert ref["status"] == "ok" and ref["time_ms_median"] > 0, ref

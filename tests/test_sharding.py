@@ -1,6 +1,7 @@
 """Sharding: the rule mechanism (`jaxgemm.sharding`), real kernels on a 1-device mesh,
 and, in processes of their own, the 8-device tests (`tests/sharding_on_8_devices.py`,
-and `tests/sharding_cost_on_8_devices.py`: the MLP layouts decided by cost, issue 44).
+`tests/sharding_cost_on_8_devices.py`: the MLP layouts decided by cost, issue 44, and
+`tests/collective_matmul_on_8_devices.py`: the rings of issue 46).
 
 This process has one device (the suite's). What runs here with the real interpreted
 Triton kernel: a sharded program on a 1-device mesh (Auto and Explicit axes, grad) and
@@ -38,15 +39,18 @@ HIGHEST = lax.Precision.HIGHEST
 MATMUL = sharding.EinsumRule.parse("m k, k n -> m n")
 EIGHT_DEVICE_TESTS = pathlib.Path(__file__).with_name("sharding_on_8_devices.py")
 COST_TESTS = pathlib.Path(__file__).with_name("sharding_cost_on_8_devices.py")
+RING_TESTS = pathlib.Path(__file__).with_name("collective_matmul_on_8_devices.py")
 
 
 # ---------------------------------------------------------------- 8 devices
 
 
-@pytest.mark.parametrize("tests", [EIGHT_DEVICE_TESTS, COST_TESTS], ids=["rules", "cost"])
+@pytest.mark.parametrize("tests", [EIGHT_DEVICE_TESTS, COST_TESTS, RING_TESTS],
+                         ids=["rules", "cost", "rings"])
 def test_on_8_host_devices(tests):
   """Runs a file of 8-device tests (the rules' `tests/sharding_on_8_devices.py`, the
-  cost-decided MLPs' `tests/sharding_cost_on_8_devices.py`) with 8 host CPU devices, in
+  cost-decided MLPs' `tests/sharding_cost_on_8_devices.py`, the collective matmuls'
+  `tests/collective_matmul_on_8_devices.py`) with 8 host CPU devices, in
   its own process (XLA_FLAGS is read once, when jax starts), with this session's seed."""
   env = dict(os.environ, JAXGEMM_TEST_SEED=str(SESSION_SEED), TF_CPP_MIN_LOG_LEVEL="2",
              XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS"),
@@ -491,3 +495,65 @@ def test_one_device_mesh_compiles_the_unsharded_program_on_the_gpu(backend, rng)
   diff = "\n".join(difflib.unified_diff(_program(plain).splitlines(),
                                         _program(sharded).splitlines(), lineterm=""))
   assert not diff, diff
+
+
+# ---------------------------------------------------------------- collective matmuls
+
+
+def _sp_plan(tokens, d, ff, tp):
+  """The Megatron-SP MLP's first GEMM: x on tokens meets W1 on columns over "tp"."""
+  specs = [P("tp", None), P(None, "tp")]
+  types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((tokens, d), (d, ff))]
+  return sharding.plan(MATMUL, specs, operand_types=types, axis_sizes={"tp": tp}), specs, types
+
+
+def test_ring_for_follows_overlap_and_the_step_size_rule():
+  """overlap=True rings the gather of x; False never; None where each step's local GEMM
+  has MIN_STEP_FLOPS (Llama-3-70B's MLP on 2 devices: 2^40 FLOPs a step; a 64-token toy:
+  none)."""
+  from jaxgemm import collective_matmul as cm
+  big, specs, types = _sp_plan(8192, 8192, 28672, 2)
+  axes = {"tp": 2}
+  ring = cm.ring_for(big, specs, types, axes, {"overlap": True})
+  assert isinstance(ring, cm.GatherRing) and ring.operand == 0 and ring.dim == 0
+  assert ring.result_dim == 0 and ring.operands == (P("tp", None), P(None, "tp"))
+  assert cm.ring_for(big, specs, types, axes, {"overlap": False}) is None
+  assert cm.ring_for(big, specs, types, axes, {"overlap": None}) == ring
+  small, specs, types = _sp_plan(64, 32, 128, 2)
+  assert cm.ring_for(small, specs, types, axes, {"overlap": None}) is None
+  assert cm.ring_for(small, specs, types, axes, {"overlap": True}) is not None
+
+
+def test_ring_for_scatter_and_what_it_leaves_to_xla():
+  """A K-split product into token-sharded rows is a scatter ring; a plan that moves over
+  two axes at once, or an uneven split, keeps XLA's collective."""
+  from jaxgemm import collective_matmul as cm
+  types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((8192, 28672), (28672, 8192))]
+  specs = [P(None, "tp"), P("tp", None)]
+  p = sharding.plan(MATMUL, specs, P("tp", None), result_shape=(8192, 8192),
+                    axis_sizes={"tp": 4})
+  ring = cm.ring_for(p, specs, types, {"tp": 4}, {"overlap": True})
+  assert isinstance(ring, cm.ScatterRing) and ring.result_dim == 0 and ring.sliced == ((0, 0),)
+  uneven = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((8190, 8192), (8192, 28672))]
+  gather = [P("tp", None), P(None, "tp")]
+  p = sharding.plan(MATMUL, gather, operand_types=uneven, axis_sizes={"tp": 4})
+  assert cm.ring_for(p, gather, uneven, {"tp": 4}, {"overlap": True}) is None
+  two = [P(("a", "b"), None), P(None, ("a", "b"))]
+  even = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((8192, 8192), (8192, 28672))]
+  p = sharding.plan(MATMUL, two, operand_types=even, axis_sizes={"a": 2, "b": 2})
+  assert p.operands == (P(None, None), P(None, ("a", "b")))   # x gathered over a and b
+  assert cm.ring_for(p, two, even, {"a": 2, "b": 2}, {"overlap": True}) is None
+  p = sharding.plan(MATMUL, gather, operand_types=even, axis_sizes={"tp": 4})
+  assert cm.ring_for(p, gather, even, {"tp": 4}, {"overlap": True}) is not None
+
+
+def test_overlap_argument_errors_name_it():
+  a, b = jnp.ones((8, 16)), jnp.ones((16, 4))
+  with pytest.raises(TypeError, match=r"overlap='yes' must be None"):
+    jaxgemm.matmul(a, b, overlap="yes")
+  with pytest.raises(TypeError, match=r"overlap=1 must be None"):
+    jaxgemm.dot_general(a, b, (((1,), (0,)), ((), ())), overlap=1)
+  with pytest.raises(NotImplementedError, match=r"overlap=True\) runs plain GEMMs only"):
+    jaxgemm.matmul(a, b, bias=jnp.ones(4), overlap=True)
+  # One device: nothing moves, so overlap changes nothing.
+  np.testing.assert_array_equal(jaxgemm.matmul(a, b, overlap=True, backend="xla"), a @ b)

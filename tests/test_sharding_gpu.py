@@ -30,13 +30,19 @@ def test_every_layout_and_the_step_run_their_shards_like_xla(backend):
                        provenance={"platform": "gpu"}, emit=rows.append, log=print,
                        run_id="gpu-test")
   S.run_sharded_suite(ctx, [backend], size="test")
-  by = {(r["problem"], r["backend"]): r for r in rows}
+  default = {"auto": "default", backend: "(default)"}   # the user's call; XLA's one row
+  every = {(r["problem"], r["backend"], r["variant"]): r for r in rows}
+  by = {(r["problem"], r["backend"]): r for r in rows
+        if r["variant"] == default.get(r["backend"], r["variant"])}
   names = [lay.name for lay in S.layouts("test")] + [S.STEP_NAME]
   assert sorted({r["problem"] for r in rows}) == sorted(names + S.mlp_names("test"))
   for name in S.mlp_names("test"):   # the Megatron-SP MLP: no more bytes than jnp's
     r = by[name, backend]
     assert r["status"] == "ok", (name, r.get("error"), r.get("note"))
     assert r["collective_mb"] <= by[name, runner.REF]["collective_mb"], (name, r["collectives"])
+    ring = every[name, backend, "overlap=True"]   # issue 46: the rings, with the kernels
+    assert ring["status"] == "ok", (name, ring.get("error"), ring.get("note"))
+    assert ring["collectives"].startswith("collective-permute"), ring["collectives"]
   for name in names:
     r = by[name, backend]
     assert r["status"] == "ok", (name, r.get("error"), r.get("note"))

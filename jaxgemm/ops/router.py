@@ -31,7 +31,7 @@ from jaxgemm.ops.scaled_ragged_dot import training as fp8_grouped_training
 def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8=None,
            precision=None, preferred_element_type=None, out_sharding=None,
            backend: str = "auto", variant: str | None = None,
-           config: KernelConfig | None = None) -> jax.Array:
+           config: KernelConfig | None = None, overlap: bool | None = None) -> jax.Array:
   """`jnp.matmul` on jaxgemm's kernels: same results, dtypes, shapes and errors;
   with an epilogue, `activation(a @ b + bias) + residual` in one kernel.
 
@@ -67,6 +67,13 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
       None picks the backend's best.
     config: the backend's config dataclass, e.g. `jaxgemm.TritonConfig(...)`;
       None picks one for the problem.
+    overlap: on a mesh, where the call must move data over one mesh axis (x on
+      tokens meeting W on columns; a K-sharded product into a token-sharded
+      result), run the all-gather or reduce-scatter as a ring of collective
+      permutes under the local GEMMs, chunk by chunk (`jaxgemm.collective_matmul`),
+      forward and backward. True: wherever such a move is; False: never (XLA's
+      collective, then one local GEMM); None: where the rule there says. Plain
+      GEMMs only (no epilogue or `fp8`).
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxgemm
@@ -81,13 +88,18 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
   a, b = gemm.matmul_operands(a, b)
   kwargs = dict(precision=precision, preferred_element_type=preferred_element_type,
                 out_sharding=out_sharding, backend=backend, variant=variant, config=config)
+  if overlap is not None and (fp8 is not None or bias is not None or activation is not None
+                              or residual is not None):
+    raise NotImplementedError(
+        f"jaxgemm.matmul(overlap={overlap!r}) runs plain GEMMs only; with an epilogue or "
+        f"fp8=, leave overlap=None")
   if fp8 is not None:
     return fp8_training.matmul(a, b, fp8, bias=bias, activation=activation,
                                residual=residual, **kwargs)
   if bias is not None or activation is not None or residual is not None:
     return fused_matmul_api.fused_matmul(a, b, bias=bias, activation=activation,
                                          residual=residual, **kwargs)
-  return matmul_api.matmul(a, b, **kwargs)
+  return matmul_api.matmul(a, b, overlap=overlap, **kwargs)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, *,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxgemm import gemm, sharding
+from jaxgemm import collective_matmul, gemm, sharding
 from jaxgemm.config import KernelConfig
 from jaxgemm.ops.matmul.primitive import bind
 
@@ -51,7 +51,7 @@ def _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type, out_shardin
 
 def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=None,
            backend: str = "auto", variant: str | None = None,
-           config: KernelConfig | None = None) -> jax.Array:
+           config: KernelConfig | None = None, overlap: bool | None = None) -> jax.Array:
   """`jnp.matmul` on `matmul_p`: same results, dtypes, shapes and errors.
 
   The arguments are `jaxgemm.matmul`'s (its docstring has them) without the
@@ -63,6 +63,7 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=No
     (4, 8, 32)
   """
   a, b = gemm.matmul_operands(a, b)
+  collective_matmul.check_overlap(overlap)
   dtype, out_dtype = gemm.matmul_dtypes(a, b, preferred_element_type)
   out_sharding = sharding.canonical_out_sharding(out_sharding, "matmul")
 
@@ -76,7 +77,7 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=No
   a3, b3 = layout.operands(a.astype(dtype), b.astype(dtype))
   return bind(a3, b3, out_dtype=out_dtype, acc_dtype=problem.acc_dtype,
               precision=problem.precision, ndims=layout.ndims, out_sharding=out_sharding,
-              **params)
+              overlap=overlap, **params)
 
 
 def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):
@@ -115,7 +116,7 @@ def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                 out_sharding=None, *, backend: str = "auto", variant: str | None = None,
-                config: KernelConfig | None = None) -> jax.Array:
+                config: KernelConfig | None = None, overlap: bool | None = None) -> jax.Array:
   """`lax.dot_general` on jaxgemm's kernels, with the same signature and result.
 
   Pass it as the `dot_general=` of model layers (e.g. flax's `nn.Dense`).
@@ -123,7 +124,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   contract one dimension at either end of each side run on `matmul_p`;
   others run on `lax.dot_general` under backend="auto" and raise
   NotImplementedError for a named backend. `out_sharding` is lax's: the
-  result's sharding on a mesh with Explicit axes.
+  result's sharding on a mesh with Explicit axes. `overlap` is `jaxgemm.matmul`'s:
+  on a mesh, whether a collective the call needs runs as a ring under the local
+  GEMMs (`jaxgemm.collective_matmul`; None: where the rule there says).
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm
@@ -132,6 +135,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     (2, 5, 3)
   """
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+  collective_matmul.check_overlap(overlap)
   (lc, rc), (lb, rb) = dimension_numbers
   for side, shape, dims in (("lhs", lhs.shape, (*lc, *lb)), ("rhs", rhs.shape, (*rc, *rb))):
     bad = [d for d in dims if not 0 <= int(d) < len(shape)]
@@ -179,4 +183,4 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   return bind(lhs.astype(dtype), rhs.astype(dtype), trans_a=trans_a, trans_b=trans_b,
               out_dtype=out_dtype, acc_dtype=problem.acc_dtype, precision=problem.precision,
               ndims=(len(batch_dims), len(m_dims), 1, len(n_dims)), out_sharding=out_sharding,
-              **params)
+              overlap=overlap, **params)

@@ -37,7 +37,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad
 
-from jaxgemm import registry, sharding
+from jaxgemm import collective_matmul, registry, sharding
 from jaxgemm.gemm import GemmProblem, dimension_groups
 from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op, normal_operands
@@ -109,18 +109,21 @@ def sharding_rule(*, trans_a, trans_b, ndims=DEFAULT_NDIMS, **_) -> sharding.Ein
 
 
 def bind(a, b, *, trans_a=False, trans_b=False, out_dtype, acc_dtype, precision, backend,
-         variant, config, ndims=DEFAULT_NDIMS, out_sharding=None):
+         variant, config, ndims=DEFAULT_NDIMS, out_sharding=None, overlap=None):
   """matmul_p.bind with every param, after lax.dot_general's preamble: under shard_map,
   an operand invariant over an axis its partner varies over is cast to varying (pvary).
 
   `out_sharding` is None or a NamedSharding on the abstract mesh (as
-  `sharding.canonical_out_sharding` returns).
+  `sharding.canonical_out_sharding` returns). `overlap` (None, True, False): whether
+  a collective the call needs on a mesh runs as a ring under the local GEMMs
+  (`jaxgemm.collective_matmul`).
   """
   a, b = sharding.insert_pvary(a, b)
   return matmul_p.bind(a, b, trans_a=trans_a, trans_b=trans_b,
                        out_dtype=np.dtype(out_dtype), acc_dtype=np.dtype(acc_dtype),
                        precision=precision, backend=backend, variant=variant,
-                       config=config, ndims=tuple(ndims), out_sharding=out_sharding)
+                       config=config, ndims=tuple(ndims), out_sharding=out_sharding,
+                       overlap=overlap)
 
 
 def _abstract_eval(a, b, **params):
@@ -149,7 +152,7 @@ def _impl(*args, **params):
 # dA's K is the forward's N). The backward GEMMs run in the operands' dtype (a
 # cotangent in a wider out_dtype is rounded to it first, keeping 16-bit
 # backward GEMMs on tensor cores), accumulate in acc_dtype with the forward's
-# precision and kernel choice, and return the primal's dtype and sharding.
+# precision, kernel choice and `overlap`, and return the primal's dtype and sharding.
 
 def _backward(x_aval, params, lhs, rhs, trans_lhs, trans_rhs, ndims):
   # The result is stored as the primal operand is, so it takes that sharding, as
@@ -159,7 +162,7 @@ def _backward(x_aval, params, lhs, rhs, trans_lhs, trans_rhs, ndims):
               out_dtype=x_aval.dtype, acc_dtype=params["acc_dtype"],
               precision=params["precision"], backend=params["backend"],
               variant=params["variant"], config=params["config"], ndims=ndims,
-              out_sharding=sharding.type_sharding(x_aval))
+              out_sharding=sharding.type_sharding(x_aval), overlap=params.get("overlap"))
 
 
 def _transpose_lhs(ct, a, b, *, trans_a, trans_b, ndims=DEFAULT_NDIMS, **params):
@@ -220,7 +223,8 @@ matmul_local_p = sharding.make_partitionable(
     matmul_p, sharding_rule,
     {platform: rules.kernel_lowering(
         problem_of, lambda p: (p.a_shape, p.b_shape), platform=platform,
-        multiple_results=False, empty="zeros") for platform in ("cuda", "cpu")})
+        multiple_results=False, empty="zeros") for platform in ("cuda", "cpu")},
+    overlap=collective_matmul.ring_for)
 
 
 def _call(problem: GemmProblem, a, b, *, backend, variant, config):

@@ -1,0 +1,266 @@
+"""Collective matmuls: a sharded GEMM's all-gather or reduce-scatter run as a ring of
+collective-permutes, one chunk per step, under the local GEMMs (issue 46).
+
+Where `jaxgemm.sharding.plan` resolves a call by moving data over one mesh axis of n
+devices, XLA would all-gather an operand before the GEMM, or reduce-scatter the partial
+results after it, while no GEMM runs. A ring splits the move into n - 1 steps. Each
+device computes with the chunk it holds while it sends that chunk (or its running sum)
+to the next device. A permute and the GEMM beside it do not depend on each other, so
+XLA's scheduler runs them at the same time (async collective-permute):
+
+* `GatherRing`, all-gather + GEMM: the gathered operand's chunks go round the ring.
+  - A chunk of a factor the result keeps (x's tokens, in Megatron's sequence
+    parallelism: x on tokens, W1 on columns) gives the result's rows for that chunk.
+  - A chunk of a contracted factor (FSDP: the weight sharded on K; the weight gradient
+    of a sequence-parallel layer) gives a partial sum, added in float32 on the device.
+* `ScatterRing`, GEMM + reduce-scatter: device j computes the partial result of one
+  chunk at a time, adds the running sum it receives, and sends it on. After n - 1
+  steps it holds its own chunk of the sum (W2's row-parallel GEMM into tokens).
+
+The backward of one is the other: the gradient GEMMs are `matmul_p`s on the mesh too,
+and `plan` gives each its own move, which a ring then runs.
+
+`ring_for` is the hook an op hands to `sharding.make_partitionable` (`overlap=`); the
+op's `overlap` param decides: True runs a ring wherever the plan moves data over one
+axis, False never, and None (the default) where `worth_a_ring` says so.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from jaxgemm import sharding
+    >>> rule = sharding.EinsumRule.parse("m k, k n -> m n")
+    >>> specs = [P("tp", None), P(None, "tp")]      # x on tokens, W1 on columns
+    >>> types = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((8192, 8192), (8192, 28672))]
+    >>> p = sharding.plan(rule, specs, operand_types=types, axis_sizes={"tp": 4})
+    >>> ring = ring_for(p, specs, types, {"tp": 4}, {"overlap": True})
+    >>> type(ring).__name__, ring.operands, ring.result_dim
+    ('GatherRing', (P('tp', None), P(None, 'tp')), 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxgemm import sharding
+
+# `overlap=None` runs a ring where each of its steps' local GEMMs has at least this many
+# FLOPs: below it, a step's GEMM is too short to hide a permute behind, and n - 1 kernel
+# launches instead of one cost more than they hide.
+MIN_STEP_FLOPS = 2 ** 36
+
+
+def check_overlap(overlap) -> None:
+  """Raises for an `overlap=` argument other than None, True or False."""
+  if overlap is not None and not isinstance(overlap, bool):
+    raise TypeError(f"overlap={overlap!r} must be None (the rule decides), True (a ring "
+                    f"wherever the call moves data over one mesh axis) or False (never)")
+
+
+def _ring_permute(size: int) -> list[tuple[int, int]]:
+  """Device i sends to i + 1 (mod size)."""
+  return [(i, (i + 1) % size) for i in range(size)]
+
+
+def _slice(x, chunk, count: int, dim: int):
+  """Chunk `chunk` (traced) of `count` equal chunks of x along `dim`."""
+  length = x.shape[dim] // count
+  return lax.dynamic_slice_in_dim(x, chunk * length, length, axis=dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class GatherRing:
+  """All-gather + GEMM: operand `operand`'s dimension `dim`, sharded on mesh axis `axis`
+  (`size` devices), goes round the ring instead of being gathered first.
+
+  operands: the shardings the operands keep (the gathered one keeps its own).
+  result_dim: the result dimension the chunks' results fill, for a factor the result
+    keeps; None for a contracted factor, whose chunks' results are summed.
+  partners: (operand, dimension) of the other operands' share of a contracted
+    factor: each step slices the chunk that meets the one it holds.
+  """
+
+  operands: tuple[P, ...]
+  axis: str
+  size: int
+  operand: int
+  dim: int
+  result_dim: int | None
+  partners: tuple[tuple[int, int], ...] = ()
+
+  @property
+  def step_count(self) -> int:
+    return self.size
+
+  def run(self, local: Callable[[Sequence], Any], operands: Sequence,
+          reduce: Callable[[Any], Any]):
+    """The local result: `local` (the op on local operands) once per chunk, then the
+    plan's own reduction over other axes (`reduce`)."""
+    n, me = self.size, lax.axis_index(self.axis)
+    held, result, dtypes = operands[self.operand], None, None
+    for step in range(n):
+      # Sent before this step's GEMM, which does not wait for it: the two overlap.
+      coming = lax.ppermute(held, self.axis, _ring_permute(n)) if step < n - 1 else None
+      source = (me - step) % n   # whose shard `held` is
+      xs = list(operands)
+      xs[self.operand] = held
+      for op, dim in self.partners:
+        xs[op] = _slice(operands[op], source, n, dim)
+      out = local(xs)
+      if self.result_dim is None:   # partial sums of a contracted factor, in float32
+        dtypes = jax.tree.map(lambda o: o.dtype, out)
+        out = jax.tree.map(lambda o: o.astype(jnp.promote_types(o.dtype, jnp.float32)), out)
+        result = out if result is None else jax.tree.map(jnp.add, result, out)
+      else:
+        d = self.result_dim
+        if result is None:
+          result = jax.tree.map(
+              lambda o: jnp.zeros((*o.shape[:d], o.shape[d] * n, *o.shape[d + 1:]), o.dtype),
+              out)
+        result = jax.tree.map(
+            lambda r, o: lax.dynamic_update_slice_in_dim(r, o, source * o.shape[d], axis=d),
+            result, out)
+      held = coming
+    if dtypes is not None:
+      result = jax.tree.map(lambda r, t: r.astype(t), result, dtypes)
+    return reduce(result)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScatterRing:
+  """GEMM + reduce-scatter: the partial results, summed over mesh axis `axis` (`size`
+  devices) and scattered along `result_dim`, computed and passed one chunk at a time.
+
+  sliced: (operand, dimension) of the operands' share of the result's `result_dim`
+    factor: each step computes one chunk of it.
+  """
+
+  operands: tuple[P, ...]
+  axis: str
+  size: int
+  result_dim: int
+  sliced: tuple[tuple[int, int], ...]
+
+  @property
+  def step_count(self) -> int:
+    return self.size
+
+  def run(self, local: Callable[[Sequence], Any], operands: Sequence,
+          reduce: Callable[[Any], Any]):
+    """The local result: device j's chunk of the sum, the plan's reduction done here."""
+    del reduce   # the ring is the plan's reduction
+    n, me = self.size, lax.axis_index(self.axis)
+    total = None
+    for step in range(n):
+      # At step s, device j computes chunk j - s - 1 and adds what j - 1 summed of the
+      # same chunk; after the last step (s = n - 1) it holds chunk j, summed over all.
+      coming = (lax.ppermute(total, self.axis, _ring_permute(n))
+                if total is not None else None)
+      chunk = (me - step - 1) % n
+      xs = list(operands)
+      for op, dim in self.sliced:
+        xs[op] = _slice(operands[op], chunk, n, dim)
+      out = local(xs)
+      total = out if coming is None else jax.tree.map(jnp.add, coming, out)
+    return total
+
+
+def _single_axis(entry) -> str | None:
+  axes = sharding.axes_of(entry)
+  return axes[0] if len(axes) == 1 else None
+
+
+def _gather_ring(the_plan, operand_specs, operand_types, axis_sizes) -> GatherRing | None:
+  """The ring for a plan that gathers one operand dimension over one mesh axis and
+  moves nothing else; None for any other plan."""
+  rule = the_plan.rule
+  wanted = the_plan.operands
+  changed = [(i, d) for i, (dims, spec, want) in enumerate(zip(rule.operands, operand_specs,
+                                                                wanted))
+             for d, (have, need) in enumerate(zip(sharding.padded_spec(spec, len(dims)),
+                                                  sharding.padded_spec(want, len(dims))))
+             if sharding.axes_of(have) != sharding.axes_of(need)]
+  if len(changed) != 1:
+    return None
+  (op, dim), = changed
+  factor = rule.operands[op][dim]
+  have = sharding.padded_spec(operand_specs[op], len(rule.operands[op]))[dim]
+  axis = _single_axis(have)
+  if (axis is None or sharding.axes_of(sharding.padded_spec(wanted[op], len(rule.operands[op]))
+                                       [dim]) or factor in rule.replicated
+      or rule.more_results or axis in the_plan.reduce_axes):
+    return None
+  n = axis_sizes[axis]
+  if operand_types[op].shape[dim] % n:
+    return None   # uneven shards: XLA's padding would go round the ring
+  specs = list(wanted)
+  specs[op] = operand_specs[op]
+  if factor in rule.result:
+    return GatherRing(tuple(specs), axis, n, op, dim, rule.result.index(factor))
+  partners = tuple((i, dims.index(factor)) for i, dims in enumerate(rule.operands)
+                   if i != op and factor in dims)
+  return GatherRing(tuple(specs), axis, n, op, dim, None, partners)
+
+
+def _scatter_ring(the_plan, operand_specs, axis_sizes) -> ScatterRing | None:
+  """The ring for a plan that reduce-scatters over one mesh axis and moves no operand."""
+  rule = the_plan.rule
+  if the_plan.scatter_dim is None or len(the_plan.reduce_axes) != 1 or rule.more_results:
+    return None
+  if any(sharding.axes_of(a) != sharding.axes_of(b)
+         for dims, have, want in zip(rule.operands, operand_specs, the_plan.operands)
+         for a, b in zip(sharding.padded_spec(have, len(dims)),
+                         sharding.padded_spec(want, len(dims)))):
+    return None
+  axis, = the_plan.reduce_axes
+  factor = rule.result[the_plan.scatter_dim]
+  sliced = tuple((i, dims.index(factor)) for i, dims in enumerate(rule.operands)
+                 if factor in dims)
+  if not sliced:
+    return None
+  # (The plan scatters only into dimensions that divide evenly.)
+  return ScatterRing(the_plan.operands, axis, axis_sizes[axis], the_plan.scatter_dim, sliced)
+
+
+def worth_a_ring(ring, local_flops: float) -> bool:
+  """`overlap=None`'s rule: a ring where each step's local GEMM has MIN_STEP_FLOPS."""
+  return local_flops / ring.step_count >= MIN_STEP_FLOPS
+
+
+def ring_for(the_plan, operand_specs: Sequence[P], operand_types: Sequence[Any],
+             axis_sizes: Mapping[str, int], params: Mapping[str, Any],
+             local_flops: float | None = None) -> GatherRing | ScatterRing | None:
+  """The ring that runs `the_plan`'s move under the local GEMMs, or None (no ring: XLA's
+  collective before or after one local GEMM).
+
+  operand_specs: the operands' shardings as they come (the plan's are what it wants).
+  operand_types: the operands' GLOBAL shapes and dtypes.
+  params: the op's params; `overlap` (True, False, None) decides, see the module doc.
+  local_flops: the local problem's FLOPs (for `overlap=None`); None counts them from
+    the operands as a GEMM's 2 M N K.
+  """
+  overlap = params.get("overlap")
+  if overlap is False:
+    return None
+  ring = (_gather_ring(the_plan, operand_specs, operand_types, axis_sizes)
+          or _scatter_ring(the_plan, operand_specs, axis_sizes))
+  if ring is None or overlap is True:
+    return ring
+  if local_flops is None:
+    local_flops = gemm_flops(the_plan.rule, operand_types, the_plan.factor_axes, axis_sizes)
+  return ring if worth_a_ring(ring, local_flops) else None
+
+
+def gemm_flops(rule, operand_types, factor_axes, axis_sizes) -> float:
+  """2 x the product of every factor's LOCAL size: a GEMM's 2 M N K on one device."""
+  sizes = {f: typ.shape[d] for dims, typ in zip(rule.operands, operand_types)
+           for d, f in enumerate(dims)}
+  local = {f: s / math.prod(axis_sizes[a] for a in factor_axes.get(f, ()))
+           for f, s in sizes.items()}
+  return 2.0 * float(np.prod(list(local.values())))
