@@ -22,7 +22,8 @@ and `plan` gives each its own move, which a ring then runs.
 
 `ring_for` is the hook an op hands to `sharding.make_partitionable` (`overlap=`); the
 op's `overlap` param decides: True runs a ring wherever the plan moves data over one
-axis, False never, and None (the default) where `worth_a_ring` says so.
+axis; False and None (the default) never, since no ring has yet measured faster than
+XLA's collectives (the measurements are below, at `ring_for`'s rule).
 
     >>> import jax, jax.numpy as jnp
     >>> from jax.sharding import PartitionSpec as P
@@ -39,27 +40,35 @@ axis, False never, and None (the default) where `worth_a_ring` says so.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxgemm import sharding
 
-# `overlap=None` runs a ring where each of its steps' local GEMMs has at least this many
-# FLOPs: below it, a step's GEMM is too short to hide a permute behind, and n - 1 kernel
-# launches instead of one cost more than they hide.
-MIN_STEP_FLOPS = 2 ** 36
+# What `overlap=None` does: no ring. None measured faster than XLA's collectives on H100s
+# (research/overlap/ring_schedule.py; the Megatron-SP MLP at Llama-3-8B and 70B sizes,
+# commit f2f08dd, wall clock of back-to-back calls; docs/overlap.md has the tables):
+# - 2 GPUs: rings gathering x only ran the forward at 0.97-1.01x of XLA's program and the
+#   forward + backward at 0.93-0.96x; every ring, 0.98-1.02x and 0.91-0.92x. The timeline: the permute did run under the
+#   first chunk's GEMM (33.5 MB in 143 us; XLA's all-gather took 160 us), but splitting
+#   the GEMM (+100 us at 70B) and placing the chunks' results (+63 us) took back what it
+#   hid. A reduce-scatter ring lost outright: slicing the operand cost 55-58 us a step, and
+#   its permute, launched beside the GEMM, took 529 us instead of 143 and slowed that
+#   GEMM from 300 to 432 us.
+# - 4 GPUs: XLA's dot merger joined the chunks' GEMMs (fixed since: `_apart`), and the
+#   70B forward ran at 0.89x (gathers only) and 0.77x (every ring) of the same program
+#   without rings; not measured since the fix.
+# The rings stay available as overlap=True.
 
 
 def check_overlap(overlap) -> None:
   """Raises for an `overlap=` argument other than None, True or False."""
   if overlap is not None and not isinstance(overlap, bool):
-    raise TypeError(f"overlap={overlap!r} must be None (the rule decides), True (a ring "
+    raise TypeError(f"overlap={overlap!r} must be None (jaxgemm decides), True (a ring "
                     f"wherever the call moves data over one mesh axis) or False (never)")
 
 
@@ -72,6 +81,17 @@ def _slice(x, chunk, count: int, dim: int):
   """Chunk `chunk` (traced) of `count` equal chunks of x along `dim`."""
   length = x.shape[dim] // count
   return lax.dynamic_slice_in_dim(x, chunk * length, length, axis=dim)
+
+
+def _apart(operands: list) -> list:
+  """One step's operands, kept from being merged with another step's.
+
+  The steps' GEMMs share an operand (W), so XLA's dot merger joins independent ones into
+  one dot over their concatenated chunks, which then waits for every permute: on 4 x
+  H100 (Llama-3-70B's MLP, commit f2f08dd) the merged ring ran its permutes one after
+  another, 3.83 ms against 3.40 without a ring. An optimization barrier makes each step's
+  operands values of their own (no copy)."""
+  return list(lax.optimization_barrier(tuple(operands)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +132,7 @@ class GatherRing:
       xs[self.operand] = held
       for op, dim in self.partners:
         xs[op] = _slice(operands[op], source, n, dim)
-      out = local(xs)
+      out = local(_apart(xs))
       if self.result_dim is None:   # partial sums of a contracted factor, in float32
         dtypes = jax.tree.map(lambda o: o.dtype, out)
         out = jax.tree.map(lambda o: o.astype(jnp.promote_types(o.dtype, jnp.float32)), out)
@@ -166,7 +186,7 @@ class ScatterRing:
       xs = list(operands)
       for op, dim in self.sliced:
         xs[op] = _slice(operands[op], chunk, n, dim)
-      out = local(xs)
+      out = local(_apart(xs))
       total = out if coming is None else jax.tree.map(jnp.add, coming, out)
     return total
 
@@ -228,39 +248,18 @@ def _scatter_ring(the_plan, operand_specs, axis_sizes) -> ScatterRing | None:
   return ScatterRing(the_plan.operands, axis, axis_sizes[axis], the_plan.scatter_dim, sliced)
 
 
-def worth_a_ring(ring, local_flops: float) -> bool:
-  """`overlap=None`'s rule: a ring where each step's local GEMM has MIN_STEP_FLOPS."""
-  return local_flops / ring.step_count >= MIN_STEP_FLOPS
-
-
 def ring_for(the_plan, operand_specs: Sequence[P], operand_types: Sequence[Any],
-             axis_sizes: Mapping[str, int], params: Mapping[str, Any],
-             local_flops: float | None = None) -> GatherRing | ScatterRing | None:
+             axis_sizes: Mapping[str, int], params: Mapping[str, Any]
+             ) -> GatherRing | ScatterRing | None:
   """The ring that runs `the_plan`'s move under the local GEMMs, or None (no ring: XLA's
   collective before or after one local GEMM).
 
   operand_specs: the operands' shardings as they come (the plan's are what it wants).
   operand_types: the operands' GLOBAL shapes and dtypes.
-  params: the op's params; `overlap` (True, False, None) decides, see the module doc.
-  local_flops: the local problem's FLOPs (for `overlap=None`); None counts them from
-    the operands as a GEMM's 2 M N K.
+  params: the op's params; `overlap` decides: True rings wherever it can, False and None
+    (see the measurements above) never.
   """
-  overlap = params.get("overlap")
-  if overlap is False:
+  if params.get("overlap") is not True:
     return None
-  ring = (_gather_ring(the_plan, operand_specs, operand_types, axis_sizes)
+  return (_gather_ring(the_plan, operand_specs, operand_types, axis_sizes)
           or _scatter_ring(the_plan, operand_specs, axis_sizes))
-  if ring is None or overlap is True:
-    return ring
-  if local_flops is None:
-    local_flops = gemm_flops(the_plan.rule, operand_types, the_plan.factor_axes, axis_sizes)
-  return ring if worth_a_ring(ring, local_flops) else None
-
-
-def gemm_flops(rule, operand_types, factor_axes, axis_sizes) -> float:
-  """2 x the product of every factor's LOCAL size: a GEMM's 2 M N K on one device."""
-  sizes = {f: typ.shape[d] for dims, typ in zip(rule.operands, operand_types)
-           for d, f in enumerate(dims)}
-  local = {f: s / math.prod(axis_sizes[a] for a in factor_axes.get(f, ()))
-           for f, s in sizes.items()}
-  return 2.0 * float(np.prod(list(local.values())))

@@ -131,9 +131,9 @@ def test_ring_gradients_match_float64(partitioner, rng):
     assert_gemm_close(got, *grads[name], tol, name)
 
 
-def test_dot_general_rings_and_the_default_keeps_small_problems_on_xlas_collectives(rng):
+def test_dot_general_rings_and_the_default_keeps_xlas_collectives(rng):
   """`jaxgemm.dot_general(overlap=True)` rings like matmul; overlap=None (the default) runs
-  none at these sizes, whose steps are far below `MIN_STEP_FLOPS`."""
+  XLA's all-gather (no ring has measured faster: jaxgemm.collective_matmul)."""
   mesh = jax.make_mesh((8,), ("tp",), axis_types=(AxisType.Auto,))
   x = random_array(rng, (64, 32), F32)
   w = random_array(rng, (32, 48), F32)
@@ -147,7 +147,7 @@ def test_dot_general_rings_and_the_default_keeps_small_problems_on_xlas_collecti
     return jax.jit(fn).lower(*placed).compile()
   ring = compiled(True)
   assert set(_kinds(ring.as_text())) == {"collective-permute"}
-  assert "collective-permute" not in _kinds(compiled(None).as_text())
+  assert set(_kinds(compiled(None).as_text())) == {"all-gather"}
   got = ring(*placed)
   want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
   assert_gemm_close(got, want, np.abs(x) @ np.abs(w), TOLERANCES["float32"], "dot_general")

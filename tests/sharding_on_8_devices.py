@@ -1048,7 +1048,6 @@ def test_sharded_benchmark_suite_runs_its_layouts_and_step():
       assert r["status"] == "ok" and r["time_ms_median"] > 0, (name, backend, r.get("error"))
       assert r["collective_mb"] <= ref["collective_mb"], (name, r["collectives"],
                                                           ref["collectives"])
-      assert every[name, backend, "overlap=False"]["collectives"] == r["collectives"]
       ring = every[name, backend, "overlap=True"]
       assert ring["status"] == "ok", (name, backend, ring.get("error"))
       assert ring["collectives"].startswith("collective-permute") and ";" not in \

@@ -72,8 +72,9 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
       result), run the all-gather or reduce-scatter as a ring of collective
       permutes under the local GEMMs, chunk by chunk (`jaxgemm.collective_matmul`),
       forward and backward. True: wherever such a move is; False: never (XLA's
-      collective, then one local GEMM); None: where the rule there says. Plain
-      GEMMs only (no epilogue or `fp8`).
+      collective, then one local GEMM); None: as False for now, since no ring has
+      measured faster than XLA's collectives on H100s (`jaxgemm.collective_matmul`
+      has the measurements). Plain GEMMs only (no epilogue or `fp8`).
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxgemm

@@ -126,7 +126,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   NotImplementedError for a named backend. `out_sharding` is lax's: the
   result's sharding on a mesh with Explicit axes. `overlap` is `jaxgemm.matmul`'s:
   on a mesh, whether a collective the call needs runs as a ring under the local
-  GEMMs (`jaxgemm.collective_matmul`; None: where the rule there says).
+  GEMMs (`jaxgemm.collective_matmul`; None: not yet, as False).
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm
