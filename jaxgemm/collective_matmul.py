@@ -23,7 +23,7 @@ and `plan` gives each its own move, which a ring then runs.
 `ring_for` is the hook an op hands to `sharding.make_partitionable` (`overlap=`); the
 op's `overlap` param decides: True runs a ring wherever the plan moves data over one
 axis; False and None (the default) never, since no ring has yet measured faster than
-XLA's collectives (the measurements are below, at `ring_for`'s rule).
+XLA's collectives on H100s (below, and docs/overlap.md).
 
     >>> import jax, jax.numpy as jnp
     >>> from jax.sharding import PartitionSpec as P
@@ -114,10 +114,6 @@ class GatherRing:
   result_dim: int | None
   partners: tuple[tuple[int, int], ...] = ()
 
-  @property
-  def step_count(self) -> int:
-    return self.size
-
   def run(self, local: Callable[[Sequence], Any], operands: Sequence,
           reduce: Callable[[Any], Any]):
     """The local result: `local` (the op on local operands) once per chunk, then the
@@ -166,10 +162,6 @@ class ScatterRing:
   size: int
   result_dim: int
   sliced: tuple[tuple[int, int], ...]
-
-  @property
-  def step_count(self) -> int:
-    return self.size
 
   def run(self, local: Callable[[Sequence], Any], operands: Sequence,
           reduce: Callable[[Any], Any]):

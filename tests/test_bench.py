@@ -66,7 +66,7 @@ def test_suites_are_named_and_nonempty():
   assert set(S.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "random",
                                "random-holdout", "tiny", "training", "moe", "moe-fine", "moe-tiny",
                                "epilogue", "epilogue-tiny", "fp8", "fp8-tiny", "sharded",
-                               "heldout", "heldout-tiny"}
+                               "heldout", "heldout-tiny", "models"}
   for name, probs in P.SUITES.items():
     assert probs, name
     assert all(p.suite == name for p in probs)
