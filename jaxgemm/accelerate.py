@@ -53,11 +53,13 @@ from jaxgemm.ops.scaled_matmul.training import Fp8Recipe
 
 __all__ = ["Gemm", "Report", "accelerate", "default_fp8_filter"]
 
-# Primitive names, read from the primitives where jax.extend exports them: the jit and
-# checkpoint primitives were renamed across jax versions ("pjit" -> "jit", "checkpoint"
-# -> "remat2").
+# Primitives by name: the jit and checkpoint primitives have been renamed across jax
+# versions ("pjit" -> "jit", "checkpoint" -> "remat2"), so both names are listed, and
+# the checkpoint's as this jax names it. lax.ragged_dot binds ragged_dot_general.
 _DOT = "dot_general"
 _RAGGED = "ragged_dot_general"
+# Higher-order primitives whose sub-programs are rewritten and bound again: each keeps
+# its own params (a checkpoint's policy, a scan's length), only its sub-programs change.
 _REWRITTEN_INSIDE = frozenset({"jit", "pjit", "closed_call", "scan", "while", "cond",
                                "checkpoint", "remat2", jcore.primitives.remat_p.name})
 _CUSTOM_RULES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
@@ -207,8 +209,12 @@ def _describe(eqn, where: str) -> Gemm:
     group_dims = tuple(numbers.rhs_group_dimensions)
     rc, rb = tuple(rc), (*rb, *group_dims)   # the group dimension is not one of rhs's free ones
     groups = eqn.invars[2].aval.shape[-1] if eqn.invars[2].aval.ndim else 0
-  size = lambda shape, dims: math.prod(shape[d] for d in dims)   # noqa: E731
-  free = lambda shape, dims: [d for d in range(len(shape)) if d not in dims]   # noqa: E731
+  def size(shape, dims):
+    return math.prod(shape[d] for d in dims)
+
+  def free(shape, dims):
+    return [d for d in range(len(shape)) if d not in dims]
+
   return Gemm(where=where, source=_source(eqn), primitive=eqn.primitive.name,
               lhs_shape=tuple(lhs.shape), rhs_shape=tuple(rhs.shape),
               out_shape=tuple(out.shape), lhs_dtype=np.dtype(lhs.dtype).name,
@@ -431,13 +437,15 @@ class _Program:
     return router.ragged_dot(*invals, preferred_element_type=out_dtype, fp8=fp8,
                              backend=backend)
 
-  def _closed(self, closed):
-    """The sub-program rewritten, with the same input types, as a ClosedJaxpr."""
-    hit = self._rewritten.get(id(closed))
-    if hit is None or hit[0] is not closed:
+  def _rewrite(self, sub):
+    """A sub-program (Jaxpr or ClosedJaxpr) rewritten, with the same input types: a
+    ClosedJaxpr, traced once per program."""
+    hit = self._rewritten.get(id(sub))
+    if hit is None or hit[0] is not sub:
+      closed = sub if isinstance(sub, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(sub, [])
       new = jax.make_jaxpr(lambda *args: self._eval(closed.jaxpr, closed.consts, args))(
           *closed.in_avals)
-      hit = self._rewritten[id(closed)] = (closed, new)
+      hit = self._rewritten[id(sub)] = (sub, new)
     return hit[1]
 
   def _higher_order(self, eqn, invals):
@@ -445,15 +453,15 @@ class _Program:
     params = dict(eqn.params)
     for key, value in eqn.params.items():
       if isinstance(value, jcore.ClosedJaxpr):
-        params[key] = self._closed(value)
+        params[key] = self._rewrite(value)
       elif isinstance(value, (tuple, list)) and any(
           isinstance(v, jcore.ClosedJaxpr) for v in value):
-        params[key] = type(value)(self._closed(v) if isinstance(v, jcore.ClosedJaxpr) else v
+        params[key] = type(value)(self._rewrite(v) if isinstance(v, jcore.ClosedJaxpr) else v
                                   for v in value)
       elif isinstance(value, jcore.Jaxpr):
         # An open sub-program (checkpoint's): constants the rewrite made become its
         # leading inputs, outside any CSE barrier.
-        new = self._closed(jcore.ClosedJaxpr(value, []))
+        new = self._rewrite(value)
         params[key] = _convert_constvars(new.jaxpr) if new.consts else new.jaxpr
         invals = [*new.consts, *invals]
         cse = params.get("prevent_cse")

@@ -13,6 +13,9 @@ on the CPU); one runs the Triton kernels (interpreted) at a tiny shape.
 from __future__ import annotations
 
 import dataclasses
+import doctest
+import inspect
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +122,7 @@ def test_pytrees_and_kwargs_in_and_out(rng):
     return {"y": scale * (h @ params["w2"]), "h": (h, None)}
 
   fast = jaxgemm.accelerate(fn, backend="xla")
+  assert inspect.signature(fast) == inspect.signature(fn) and fast.__name__ == "fn"
   got = fast(params, x, scale=2.0, act="sin")
   want = in_f64(lambda p, x: fn(p, x, scale=2.0, act="sin"), params, x)
   assert jax.tree.structure(got) == jax.tree.structure(fn(params, x, scale=2.0, act="sin"))
@@ -180,6 +184,27 @@ def test_scan_checkpoint_cond_and_while_are_rewritten_inside(rng):
   f = lambda stack, x: jnp.sum(scanned(stack, x)[:, :4] ** 2)   # noqa: E731
   g = jax.grad(jaxgemm.accelerate(f, backend="xla"))(stack, x)
   assert_close(g, in_f64(jax.grad(f), stack, x), F32, "d stack")
+
+
+def test_constants_the_rewrite_makes_inside_a_checkpoint_become_its_inputs(rng, monkeypatch):
+  """A checkpoint's sub-program is open (no constants): were jaxgemm's call to make an
+  array constant, it becomes a leading input of the rebound checkpoint."""
+  shift = np.arange(8, dtype=np.float32)
+
+  def dot_general_plus_constant(lhs, rhs, dimension_numbers, **kwargs):
+    return lax.dot_general(lhs, rhs, dimension_numbers) + jnp.asarray(shift)
+
+  monkeypatch.setattr(sys.modules["jaxgemm.accelerate"].matmul_api, "dot_general",
+                      dot_general_plus_constant)
+  f = jax.checkpoint(lambda x, w: jnp.sin(x @ w), prevent_cse=False)
+  x, w = random_array(rng, (4, 8), F32), random_array(rng, (8, 8), F32)
+  fast = jaxgemm.accelerate(f, backend="xla")
+  (remat,) = jax.make_jaxpr(fast)(x, w).jaxpr.eqns
+  assert len(remat.invars) == 3 and remat.params["jaxpr"].constvars == []
+  ref = lambda x, w: jnp.sin(x @ w + shift)   # noqa: E731
+  assert_close(fast(x, w), in_f64(ref, x, w), F32)
+  assert_close(jax.grad(lambda w: fast(x, w).sum())(w),
+               in_f64(jax.grad(lambda w: ref(x, w).sum()), w), F32, "dw")
 
 
 def test_flax_nnx_linear_and_einsum(rng):
@@ -367,3 +392,9 @@ def test_bad_arguments(kwargs, error, match):
   fn = kwargs.pop("fn", mlp)
   with pytest.raises(error, match=match):
     jaxgemm.accelerate(fn, **kwargs)
+
+
+def test_docstring_examples():
+  # sys.modules: `jaxgemm.accelerate` is the function, which the package exports.
+  result = doctest.testmod(sys.modules["jaxgemm.accelerate"])
+  assert result.attempted >= 5 and result.failed == 0
