@@ -42,7 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 from jax.extend import core as jcore
-from jax.extend import source_info_util
+
+try:   # source lines and name scopes for explain() and profiles: labels only
+  from jax.extend import source_info_util
+except ImportError:   # pragma: no cover -- a jax without it
+  source_info_util = None
 
 from jaxgemm import dispatch, registry
 from jaxgemm.ops import router
@@ -61,7 +65,9 @@ _RAGGED = "ragged_dot_general"
 # Higher-order primitives whose sub-programs are rewritten and bound again: each keeps
 # its own params (a checkpoint's policy, a scan's length), only its sub-programs change.
 _REWRITTEN_INSIDE = frozenset({"jit", "pjit", "closed_call", "scan", "while", "cond",
-                               "checkpoint", "remat2", jcore.primitives.remat_p.name})
+                               "checkpoint", "remat2",
+                               getattr(getattr(jcore.primitives, "remat_p", None), "name",
+                                       "remat2")})
 _CUSTOM_RULES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
 _SHARD_MAP = frozenset({"shard_map"})
 
@@ -191,7 +197,7 @@ def _source(eqn) -> str | None:
   try:
     text = source_info_util.summarize(eqn.source_info)
   except Exception:   # noqa: BLE001 -- only a label; jax's internals may change
-    return None
+    return None   # (source_info_util None included)
   path, _, rest = text.partition(":")
   return os.path.basename(path) + (":" + rest if rest else "")
 
@@ -369,9 +375,9 @@ def _eqn_context(eqn):
                                                       name_stack=name_stack))
   except AttributeError:   # a jax without them: only labels are lost
     pass
-  ctx = getattr(eqn, "ctx", None)
-  if ctx is not None:
-    stack.enter_context(ctx.manager)
+  manager = getattr(getattr(eqn, "ctx", None), "manager", None)
+  if manager is not None:
+    stack.enter_context(manager)
   return stack
 
 
@@ -500,7 +506,7 @@ class _Accelerated:
   """What `accelerate` returns: fn with its GEMMs on jaxgemm, and `explain`."""
 
   def __init__(self, fn, options: _Options):
-    functools.update_wrapper(self, fn)
+    functools.update_wrapper(self, fn, updated=())   # not __dict__: fn may be a Module
     self._fn, self._options = fn, options
     self._programs = {}
 
@@ -540,7 +546,8 @@ class _Accelerated:
     whose `str` is a table."""
     program, _ = self._program(args, kwargs)
     o = self._options
-    header = (f"accelerate({getattr(self._fn, '__name__', 'fn')}, backend={o.backend!r}"
+    name = getattr(self._fn, "__name__", type(self._fn).__name__)   # a Module: its class
+    header = (f"accelerate({name}, backend={o.backend!r}"
               f"{f', fp8={o.fp8_name}' if o.fp8 is not None else ''}, fuse={o.fuse})")
     if o.fuse:
       header = ("fuse=True: fused patterns (x@w + b, act(x@w + b), act(x@w + b) + r, GLU) "

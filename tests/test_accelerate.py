@@ -228,6 +228,18 @@ def test_flax_nnx_linear_and_einsum(rng):
   report = fast.explain(state, x)
   assert [g.source.split(":")[0] for g in report] == ["linear.py", "linear.py"]
 
+  # A Module itself, accelerated inside nnx.jit and nnx.grad.
+  @nnx.jit
+  def grads(model, x):
+    return nnx.grad(lambda m: jnp.sum(jaxgemm.accelerate(m, backend="xla")(x) ** 2))(model)
+
+  got = nnx.state(grads(nnx.merge(graphdef, state), x))
+  ref = in_f64(jax.grad(lambda state, x: jnp.sum(fn(state, x) ** 2)), state, x)
+  for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+    assert_close(g, r, F32, "nnx.grad")
+  names = program(lambda state, x: nnx.state(grads(nnx.merge(graphdef, state), x)), state, x)
+  assert names.count(MATMUL) == 2 + 3 and "dot_general" not in names   # no dx of x
+
 
 def moe(x, w, group_sizes):
   return lax.ragged_dot(jax.nn.silu(x), w, group_sizes)
