@@ -68,7 +68,9 @@ _REWRITTEN_INSIDE = frozenset({"jit", "pjit", "closed_call", "scan", "while", "c
                                "checkpoint", "remat2",
                                getattr(getattr(jcore.primitives, "remat_p", None), "name",
                                        "remat2")})
-_CUSTOM_RULES = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+# A user's derivative (or transpose) rule stays matched to the body it was written for.
+_CUSTOM_RULES = frozenset({"custom_jvp_call", "custom_jvp_call_jaxpr", "custom_vjp_call",
+                           "custom_vjp_call_jaxpr", "linear_call"})
 _SHARD_MAP = frozenset({"shard_map"})
 
 LEFT = "left on XLA"
@@ -491,14 +493,18 @@ def _trace_key():
     return None
 
 
-# Leaves of fn's arguments that become inputs of its program (as jax.jit's arguments do);
-# the others (strings, functions, ...) are held static, part of the signature.
-# ShapeDtypeStruct: explain() on abstract arguments.
-_DYNAMIC = (jax.Array, np.ndarray, np.generic, bool, int, float, complex, jax.ShapeDtypeStruct)
+# Leaves of fn's arguments that become inputs of its program: arrays (ShapeDtypeStruct:
+# explain() on abstract arguments). The others (Python numbers and bools, strings,
+# functions) are static, as they are to fn run as it is: a flag such as
+# `training=True` may steer Python control flow; each value is its own program.
+_DYNAMIC = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 
 
-def _signature(leaf):
-  """A dynamic leaf's part of the program cache's key: its type, sharding included."""
+def _signature(leaf, dynamic: bool):
+  """A leaf's part of the program cache's key: an array's type (sharding included), a
+  static value with its type (1, 1.0 and True are equal, not the same argument)."""
+  if not dynamic:
+    return type(leaf), leaf
   return leaf if isinstance(leaf, jax.ShapeDtypeStruct) else jax.typeof(leaf)
 
 
@@ -514,8 +520,7 @@ class _Accelerated:
     leaves, in_tree = tree_util.tree_flatten((args, kwargs))
     dynamic = [isinstance(x, _DYNAMIC) for x in leaves]
     dyn_leaves = [x for x, d in zip(leaves, dynamic) if d]
-    key = (in_tree, tuple(_signature(x) if d else x for x, d in zip(leaves, dynamic)),
-           _trace_key())
+    key = (in_tree, tuple(map(_signature, leaves, dynamic)), _trace_key())
     try:
       program = self._programs.get(key) if key[-1] is not None else None
     except TypeError:   # an unhashable static argument: traced every call
@@ -563,7 +568,8 @@ def accelerate(fn: Callable, *, backend: str = "auto", fp8=None,
   """`fn` with every GEMM that jaxgemm can run on jaxgemm: one line to adopt jaxgemm.
 
   Returns a function with fn's signature and results, which traces fn (as `jax.jit`
-  does, so fn must be traceable; non-array arguments are static) and runs its program with each `lax.dot_general` (from `@`,
+  does, so fn must be traceable in its array arguments; the others, Python numbers and
+  flags included, are static) and runs its program with each `lax.dot_general` (from `@`,
   `jnp.dot`, `jnp.matmul`, `jnp.einsum`, flax layers) as `jaxgemm.dot_general` and each
   `lax.ragged_dot` as jaxgemm's grouped GEMM, wherever jaxgemm's kernels take it; the
   rest runs as it was (the module docstring lists what is looked inside). It composes

@@ -116,9 +116,11 @@ def test_pytrees_and_kwargs_in_and_out(rng):
   params, x = mlp_params(rng, F32), random_array(rng, (4, 16), F32)
   traces = []
 
-  def fn(params, x, *, scale, act="tanh"):
+  def fn(params, x, *, scale, act="tanh", flip=False):
     traces.append(1)
     h = getattr(jnp, act)(x @ params["w1"])
+    if flip:   # a Python flag: static, as it is to fn run as written
+      h = -h
     return {"y": scale * (h @ params["w2"]), "h": (h, None)}
 
   fast = jaxgemm.accelerate(fn, backend="xla")
@@ -128,12 +130,15 @@ def test_pytrees_and_kwargs_in_and_out(rng):
   assert jax.tree.structure(got) == jax.tree.structure(fn(params, x, scale=2.0, act="sin"))
   assert_close(got["y"], want["y"], F32, "y")
   assert_close(got["h"][0], want["h"][0], F32, "h")
-  # Traced once per input signature, as jax.jit's: the same call again is not retraced.
+  # Traced once per input signature: the same call again is not retraced, another
+  # static value is.
   n = len(traces)
-  fast(params, x, scale=3.0, act="sin")
+  fast(params, x, scale=2.0, act="sin")
   assert len(traces) == n
-  fast(params, x, scale=3.0, act="cos")   # another static argument: traced again
-  assert len(traces) == n + 1
+  flipped = fast(params, random_array(rng, (4, 16), F32), scale=2, act="sin", flip=True)
+  assert len(traces) == n + 1 and flipped["y"].dtype == F32
+  flipped = fast(params, x, scale=2.0, act="sin", flip=True)
+  assert_close(flipped["y"], -want["y"], F32, "flip")
 
 
 def test_closed_over_arrays_are_read_at_every_call(rng):
