@@ -114,6 +114,55 @@ def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):
   return (trans_a, trans_b, lb, m_dims, n_dims), None
 
 
+def _dot_general_problem(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                         out_sharding):
+  """(problem, layout, operand dtype, result dtype, why not) of a dot_general call whose
+  dimension numbers are in range: the GemmProblem the kernels would run and its
+  `_dot_general_layout`, or problem None and why the kernels cannot take the call.
+  `out_sharding` as `sharding.canonical_out_sharding` returns it."""
+  # lax's own checks run here too: with Explicit mesh axes, a sharded K and no
+  # out_sharding raises its ShardingTypeError.
+  dtype, out_dtype = _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type,
+                                 out_sharding)
+  layout, why_not = _dot_general_layout(lhs.shape, rhs.shape, dimension_numbers)
+  if dtype is None:
+    layout, why_not = None, (f"the kernels need one operand dtype, and {lhs.dtype} x "
+                             f"{rhs.dtype} promote to none")
+  problem = None
+  if layout is not None:
+    trans_a, trans_b, batch_dims, m_dims, n_dims = layout
+    batch = math.prod(lhs.shape[d] for d in batch_dims)
+    m = math.prod(lhs.shape[d] for d in m_dims)
+    n = math.prod(rhs.shape[d] for d in n_dims)
+    k = lhs.shape[dimension_numbers[0][0][0]]
+    problem, why_not = gemm.gemm_problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b,
+                                         precision)
+  return problem, layout, dtype, out_dtype, why_not
+
+
+def why_not_on_kernels(lhs, rhs, dimension_numbers, precision=None,
+                       preferred_element_type=None, out_sharding=None, *,
+                       backend: str = "auto") -> str | None:
+  """None where `dot_general` with these arguments runs on `matmul_p`, else why it does
+  not: the reason that `backend="auto"` hands the call to `lax.dot_general` for, or the
+  NotImplementedError's message of a named backend. lhs and rhs may be abstract
+  (`jax.ShapeDtypeStruct`, a jaxpr's avals): nothing is computed.
+
+  >>> import jax, jax.numpy as jnp
+  >>> i8 = jax.ShapeDtypeStruct((4, 8), jnp.int8)
+  >>> why_not_on_kernels(i8, i8, (((1,), (1,)), ((), ())))[:40]
+  "jaxgemm's kernels take floating operands"
+  """
+  out_sharding = sharding.canonical_out_sharding(out_sharding, "dot_general")
+  problem, _, _, _, why_not = _dot_general_problem(
+      lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
+  try:
+    params = gemm.kernel_params(problem, backend, None, None, why_not)
+  except NotImplementedError as e:
+    return str(e)
+  return why_not if params is None else None
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                 out_sharding=None, *, backend: str = "auto", variant: str | None = None,
                 config: KernelConfig | None = None, overlap: bool | None = None) -> jax.Array:
@@ -155,30 +204,16 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                       f"at {tuple(rdims)}")
 
   out_sharding = sharding.canonical_out_sharding(out_sharding, "dot_general")
-  # lax's own checks run here too: with Explicit mesh axes, a sharded K and no
-  # out_sharding raises its ShardingTypeError.
-  dtype, out_dtype = _lax_dtypes(lhs, rhs, dimension_numbers, preferred_element_type,
-                                 out_sharding)
+  problem, layout, dtype, out_dtype, why_not = _dot_general_problem(
+      lhs, rhs, dimension_numbers, precision, preferred_element_type, out_sharding)
   if preferred_element_type is None:
     preferred_element_type = out_dtype
-  layout, why_not = _dot_general_layout(lhs.shape, rhs.shape, dimension_numbers)
-  if dtype is None:
-    layout, why_not = None, (f"the kernels need one operand dtype, and {lhs.dtype} x "
-                             f"{rhs.dtype} promote to none")
-  problem = None
-  if layout is not None:
-    trans_a, trans_b, batch_dims, m_dims, n_dims = layout
-    batch = math.prod(lhs.shape[d] for d in batch_dims)
-    m = math.prod(lhs.shape[d] for d in m_dims)
-    n = math.prod(rhs.shape[d] for d in n_dims)
-    k = lhs.shape[lc[0]]
-    problem, why_not = gemm.gemm_problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b,
-                                         precision)
   params = gemm.kernel_params(problem, backend, variant, config, why_not)
   if params is None:
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type,
                            out_sharding=out_sharding)
+  trans_a, trans_b, batch_dims, m_dims, n_dims = layout
   # matmul_p's result is dot_general's: batch, then lhs's free, then rhs's free dims.
   return bind(lhs.astype(dtype), rhs.astype(dtype), trans_a=trans_a, trans_b=trans_b,
               out_dtype=out_dtype, acc_dtype=problem.acc_dtype, precision=problem.precision,

@@ -150,6 +150,67 @@ def _layout(lhs_shape, rhs_shape, numbers: lax.RaggedDotDimensionNumbers):
                 f"or M contracted with rhs (*B, M, N))")
 
 
+def _problem(lhs, rhs, group_sizes, numbers: lax.RaggedDotDimensionNumbers, precision,
+             preferred_element_type):
+  """(RaggedDotProblem or None, result dtype, why not) of a ragged_dot_general call, after
+  lax's checks (errors naming the argument): None and the reason where the kernels cannot
+  take it."""
+  layout, why_not = _layout(lhs.shape, rhs.shape, numbers)
+  problem = None
+  if layout is not None:
+    nb, ragged_contracting, trans_rhs = layout
+    batch_shape = lhs.shape[:nb]
+    if rhs.shape[:nb] != batch_shape:
+      raise TypeError(f"ragged_dot_general: batch dimensions differ: lhs.shape={lhs.shape}, "
+                      f"rhs.shape={rhs.shape}")
+    m, k = lhs.shape[nb:]
+    if ragged_contracting:
+      if rhs.shape[nb] != m:
+        raise TypeError(f"ragged_dot_general: contracting dimensions differ: "
+                        f"lhs.shape={lhs.shape} has M={m}, rhs.shape={rhs.shape} has "
+                        f"{rhs.shape[nb]}")
+      groups, n = group_sizes.shape[-1] if group_sizes.ndim else 0, rhs.shape[nb + 1]
+    else:
+      groups = rhs.shape[nb]
+      rhs_k, n = ((rhs.shape[nb + 2], rhs.shape[nb + 1]) if trans_rhs
+                  else (rhs.shape[nb + 1], rhs.shape[nb + 2]))
+      if rhs_k != k:
+        raise TypeError(f"ragged_dot: contracting dimensions differ: lhs.shape={lhs.shape} "
+                        f"has K={k}, rhs.shape={rhs.shape} has K={rhs_k}")
+    _check_group_sizes(group_sizes, groups, batch_shape, "ragged_dot")
+  # lax's own checks and result dtype (mixed operand dtypes promote as lax does).
+  out_dtype = np.dtype(jax.eval_shape(
+      lambda l, r, g: lax.ragged_dot_general(l, r, g, numbers,
+                                             preferred_element_type=preferred_element_type),
+      lhs, rhs, group_sizes).dtype)
+  if layout is not None:
+    problem, why_not = _kernel_problem(
+        lhs, rhs, out_dtype, batch=math.prod(batch_shape), groups=groups, m=m, k=k, n=n,
+        trans_rhs=trans_rhs, ragged_contracting=ragged_contracting, precision=precision)
+  return problem, out_dtype, why_not
+
+
+def why_not_on_kernels(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, precision=None,
+                       preferred_element_type=None, *, backend: str = "auto") -> str | None:
+  """None where `ragged_dot_general` with these arguments runs on `ragged_dot_p`, else why
+  it does not: the reason `backend="auto"` hands the call to lax for, or the
+  NotImplementedError's message of a named backend. The operands may be abstract
+  (`jax.ShapeDtypeStruct`, a jaxpr's avals): nothing is computed.
+
+  >>> import jax, jax.numpy as jnp
+  >>> x, w = jax.ShapeDtypeStruct((6, 4), jnp.int8), jax.ShapeDtypeStruct((2, 4, 3), jnp.int8)
+  >>> why_not_on_kernels(x, w, jax.ShapeDtypeStruct((2,), jnp.int32), RAGGED_DOT_NUMBERS)[:40]
+  "jaxgemm's kernels take floating operands"
+  """
+  problem, _, why_not = _problem(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
+                                 precision, preferred_element_type)
+  try:
+    params = gemm.kernel_params(problem, backend, None, None, why_not, op=OP)
+  except NotImplementedError as e:
+    return str(e)
+  return why_not if params is None else None
+
+
 def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
                        precision=None, preferred_element_type=None, *,
                        backend: str = "auto", variant: str | None = None,
@@ -187,43 +248,16 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
         f"{type(numbers).__name__} {numbers!r}. A tuple of its three fields "
         f"(dot_dimension_numbers, lhs_ragged_dimensions, rhs_group_dimensions) converts "
         f"with lax.RaggedDotDimensionNumbers(*numbers).")
-  layout, why_not = _layout(lhs.shape, rhs.shape, numbers)
-  problem = None
-  if layout is not None:
-    nb, ragged_contracting, trans_rhs = layout
-    batch_shape = lhs.shape[:nb]
-    if rhs.shape[:nb] != batch_shape:
-      raise TypeError(f"ragged_dot_general: batch dimensions differ: lhs.shape={lhs.shape}, "
-                      f"rhs.shape={rhs.shape}")
-    m, k = lhs.shape[nb:]
-    if ragged_contracting:
-      if rhs.shape[nb] != m:
-        raise TypeError(f"ragged_dot_general: contracting dimensions differ: "
-                        f"lhs.shape={lhs.shape} has M={m}, rhs.shape={rhs.shape} has "
-                        f"{rhs.shape[nb]}")
-      groups, n = group_sizes.shape[-1] if group_sizes.ndim else 0, rhs.shape[nb + 1]
-    else:
-      groups = rhs.shape[nb]
-      rhs_k, n = ((rhs.shape[nb + 2], rhs.shape[nb + 1]) if trans_rhs
-                  else (rhs.shape[nb + 1], rhs.shape[nb + 2]))
-      if rhs_k != k:
-        raise TypeError(f"ragged_dot: contracting dimensions differ: lhs.shape={lhs.shape} "
-                        f"has K={k}, rhs.shape={rhs.shape} has K={rhs_k}")
-    _check_group_sizes(group_sizes, groups, batch_shape, "ragged_dot")
-  # lax's own checks and result dtype (mixed operand dtypes promote as lax does).
-  out_dtype = np.dtype(jax.eval_shape(
-      lambda l, r, g: lax.ragged_dot_general(l, r, g, numbers,
-                                             preferred_element_type=preferred_element_type),
-      lhs, rhs, group_sizes).dtype)
-  if layout is not None:
-    problem, why_not = _kernel_problem(
-        lhs, rhs, out_dtype, batch=math.prod(batch_shape), groups=groups, m=m, k=k, n=n,
-        trans_rhs=trans_rhs, ragged_contracting=ragged_contracting, precision=precision)
+  problem, out_dtype, why_not = _problem(lhs, rhs, group_sizes, numbers, precision,
+                                        preferred_element_type)
   params = gemm.kernel_params(problem, backend, variant, config, why_not, op=OP)
   if params is None:
     return lax.ragged_dot_general(lhs, rhs, group_sizes, numbers, precision=precision,
                                   preferred_element_type=preferred_element_type)
-  b = problem.batch
+  b, groups, m, k, n = problem.batch, problem.groups, problem.m, problem.k, problem.n
+  ragged_contracting, trans_rhs = problem.ragged_contracting, problem.trans_rhs
+  nb = lhs.ndim - 2   # lhs is (*batch, M, K) in every form the kernels take
+  batch_shape = lhs.shape[:nb]
   out = bind(lhs.astype(problem.dtype).reshape(b, m, k),
              rhs.astype(problem.dtype).reshape(b, *rhs.shape[nb:]),
              ragged_schedule.group_bounds(group_sizes.reshape(b, groups), m),
