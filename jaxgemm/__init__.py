@@ -14,7 +14,7 @@ file per rung, in `jaxgemm.kernels.<family>.<op>` (the repository's `kernels/`)
 heuristic), `registry` (the ops and their backends), `config`.
 """
 
-from jaxgemm.accelerate import accelerate
+from jaxgemm.gemm_rewrite import accelerate
 from jaxgemm.config import KernelConfig
 from jaxgemm.dispatch import KernelFallbackWarning
 from jaxgemm.ops.matmul import (GemmProblem, PallasConfig, TritonConfig, XlaConfig,

@@ -227,3 +227,22 @@ def test_mlp_forward_and_backward_match_float64_and_move_no_more_than_jnp(layout
     assert_gemm_close(got, *grads[name], tol, f"{layout} {name}")
   jnp_compiled, _ = _compile(training(jnps(F32)), mesh, (x, w1, w2, ct), specs, out_specs)
   _no_more_bytes_than_jnp(compiled.as_text(), jnp_compiled.as_text(), f"{layout} fwd+bwd")
+
+
+@pytest.mark.parametrize("layout", ["sequence-parallel", "fsdp-n", "2d-data-model"])
+def test_accelerated_jnp_mlp_matches_float64_and_moves_no_more_than_jnp(layout, rng):
+  """Issue 47: `jaxgemm.accelerate` of the MLP written with jnp (no jaxgemm call inside)
+  partitions like jnp's program: its dots became jaxgemm's primitive, its result matches
+  float64, and its program moves no more collective bytes."""
+  shape, names, x_spec, w1_spec, w2_spec, out_spec = LAYOUTS[layout]
+  mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+  x, w1, w2 = _operands(rng, F32)
+  specs = (x_spec, w1_spec, w2_spec)
+  plain = mlp(jnps(F32))
+  fast = jaxgemm.accelerate(plain, backend="xla")
+  assert "jaxgemm_matmul" in str(jax.make_jaxpr(fast)(x, w1, w2))
+  compiled, placed = _compile(fast, mesh, (x, w1, w2), specs, out_spec)
+  ref, bound = mlp_reference(x, w1, w2)
+  assert_gemm_close(compiled(*placed), ref, bound, tolerance(F32, precision=HIGHEST), layout)
+  jnp_compiled, _ = _compile(plain, mesh, (x, w1, w2), specs, out_spec)
+  _no_more_bytes_than_jnp(compiled.as_text(), jnp_compiled.as_text(), f"accelerate {layout}")

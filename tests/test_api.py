@@ -147,6 +147,9 @@ DG_MAPPED = [
                  id="batch-TN"),
     pytest.param(((2, 3, 7, 65), (2, 3, 33, 65), (((3,), (3,)), ((0, 1), (0, 1))),
                   (False, True)), id="batch2-NT"),
+    # The weight gradient of a (batch, seq, d) activation: x^T dy contracts batch and seq.
+    pytest.param(((2, 5, 33), (2, 5, 7), (((0, 1), (0, 1)), ((), ())), (True, False)),
+                 id="two-K-TN"),
 ]
 DG_MAPPED_WIDE = [
     pytest.param(((2, 5, 33), (33, 7, 3), (((2,), (0,)), ((), ())), (False, False)),
@@ -159,6 +162,9 @@ DG_MAPPED_WIDE = [
                  id="batch-vector-lhs"),
     pytest.param(((1, 257), (127, 257), (((1,), (1,)), ((), ())), (False, True)),
                  id="NT-257"),
+    # x (b, s, d) against a (s, d, n) weight: two adjacent contracted dimensions.
+    pytest.param(((3, 2, 5, 33), (5, 33, 7), (((2, 3), (0, 1)), ((), ())), (False, False)),
+                 id="two-K-NN"),
 ]
 
 
@@ -189,7 +195,8 @@ def test_dot_general_transposed(kernel, case, rng):
 # Dimension numbers that do not map onto matmul_p: backend="auto" runs
 # lax.dot_general (a named backend raises, see test_errors.py).
 DG_FALLBACK = [
-    pytest.param(((2, 3, 4), (3, 4, 5), (((1, 2), (0, 1)), ((), ()))), id="two-contracting"),
+    pytest.param(((3, 2, 4), (3, 4, 5), (((0, 2), (0, 1)), ((), ()))),
+                 id="two-contracting-apart"),
     pytest.param(((3, 2, 4), (2, 4, 5), (((2,), (1,)), ((1,), (0,)))), id="batch-not-leading"),
     pytest.param(((2, 3), (4, 5), (((), ()), ((), ()))), id="outer-product"),
     pytest.param(((2, 7, 3), (7, 5), (((1,), (0,)), ((), ()))), id="contract-middle"),

@@ -81,37 +81,46 @@ def matmul(a, b, *, precision=None, preferred_element_type=None, out_sharding=No
 
 
 def _dot_general_layout(lhs_shape, rhs_shape, dimension_numbers):
-  """(trans_a, trans_b, batch_dims, m_dims, n_dims), or a reason it does not fit.
+  """(trans_a, trans_b, batch_dims, m_dims, k_dims, n_dims), or a reason it does not fit.
 
-  It fits when batch dimensions lead both operands in the same order, each side
-  contracts exactly one dimension, and that dimension sits at either end of the
-  side's remaining (free) dimensions, so that the free dimensions are one
+  It fits when batch dimensions lead both operands in the same order, and each side
+  contracts one contiguous, increasing run of dimensions (K: one, or several, as the
+  weight gradient of a (batch, seq, d) activation contracts batch and seq) at either
+  end of its remaining (free) dimensions, so that the free dimensions are one
   contiguous group, M (or N), and the contracting position a transpose flag.
+
+  >>> _dot_general_layout((2, 5, 8), (2, 5, 3), (((0, 1), (0, 1)), ((), ())))[0]
+  (True, False, (), (2,), (0, 1), (2,))
   """
   (lc, rc), (lb, rb) = dimension_numbers
   lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
-  nb = len(lb)
-  if len(lc) != 1 or len(rc) != 1:
-    return None, f"it contracts {len(lc)} dimension(s); jaxgemm kernels contract exactly one"
+  nb, nk = len(lb), len(lc)
+  if nk == 0 or len(rc) != nk:
+    return None, f"it contracts {nk} dimension(s); jaxgemm kernels contract at least one"
   if lb != tuple(range(nb)) or rb != tuple(range(nb)):
     return None, (f"batch dimensions {lb} x {rb} are not the leading dimensions of "
                   f"both operands")
-  (c_l,), (c_r,) = lc, rc
-  if c_l == len(lhs_shape) - 1:
+  for side, dims in (("lhs", lc), ("rhs", rc)):
+    if dims != tuple(range(dims[0], dims[0] + nk)):
+      return None, (f"{side} contracting dimensions {dims} are not one increasing run of "
+                    f"adjacent dimensions")
+  if lc[-1] == len(lhs_shape) - 1:
     trans_a = False
-  elif c_l == nb:
+  elif lc[0] == nb:
     trans_a = True
   else:
-    return None, f"lhs contracting dimension {c_l} is not first or last after the batch dims"
-  if c_r == nb:
+    return None, (f"lhs contracting dimension(s) {lc} are not first or last after the "
+                  f"batch dims")
+  if rc[0] == nb:
     trans_b = False
-  elif c_r == len(rhs_shape) - 1:
+  elif rc[-1] == len(rhs_shape) - 1:
     trans_b = True
   else:
-    return None, f"rhs contracting dimension {c_r} is not first or last after the batch dims"
-  m_dims = tuple(d for d in range(nb, len(lhs_shape)) if d != c_l)
-  n_dims = tuple(d for d in range(nb, len(rhs_shape)) if d != c_r)
-  return (trans_a, trans_b, lb, m_dims, n_dims), None
+    return None, (f"rhs contracting dimension(s) {rc} are not first or last after the "
+                  f"batch dims")
+  m_dims = tuple(d for d in range(nb, len(lhs_shape)) if d not in lc)
+  n_dims = tuple(d for d in range(nb, len(rhs_shape)) if d not in rc)
+  return (trans_a, trans_b, lb, m_dims, lc, n_dims), None
 
 
 def _dot_general_problem(lhs, rhs, dimension_numbers, precision, preferred_element_type,
@@ -130,11 +139,11 @@ def _dot_general_problem(lhs, rhs, dimension_numbers, precision, preferred_eleme
                              f"{rhs.dtype} promote to none")
   problem = None
   if layout is not None:
-    trans_a, trans_b, batch_dims, m_dims, n_dims = layout
+    trans_a, trans_b, batch_dims, m_dims, k_dims, n_dims = layout
     batch = math.prod(lhs.shape[d] for d in batch_dims)
     m = math.prod(lhs.shape[d] for d in m_dims)
     n = math.prod(rhs.shape[d] for d in n_dims)
-    k = lhs.shape[dimension_numbers[0][0][0]]
+    k = math.prod(lhs.shape[d] for d in k_dims)
     problem, why_not = gemm.gemm_problem(batch, m, n, k, dtype, out_dtype, trans_a, trans_b,
                                          precision)
   return problem, layout, dtype, out_dtype, why_not
@@ -170,7 +179,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
   Pass it as the `dot_general=` of model layers (e.g. flax's `nn.Dense`).
   Dimension numbers whose batch dimensions lead both operands and which
-  contract one dimension at either end of each side run on `matmul_p`;
+  contract one run of adjacent dimensions at either end of each side run on `matmul_p`;
   others run on `lax.dot_general` under backend="auto" and raise
   NotImplementedError for a named backend. `out_sharding` is lax's: the
   result's sharding on a mesh with Explicit axes. `overlap` is `jaxgemm.matmul`'s:
@@ -213,9 +222,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type,
                            out_sharding=out_sharding)
-  trans_a, trans_b, batch_dims, m_dims, n_dims = layout
+  trans_a, trans_b, batch_dims, m_dims, k_dims, n_dims = layout
   # matmul_p's result is dot_general's: batch, then lhs's free, then rhs's free dims.
   return bind(lhs.astype(dtype), rhs.astype(dtype), trans_a=trans_a, trans_b=trans_b,
               out_dtype=out_dtype, acc_dtype=problem.acc_dtype, precision=problem.precision,
-              ndims=(len(batch_dims), len(m_dims), 1, len(n_dims)), out_sharding=out_sharding,
+              ndims=(len(batch_dims), len(m_dims), len(k_dims), len(n_dims)),
+              out_sharding=out_sharding,
               overlap=overlap, **params)

@@ -1,5 +1,8 @@
 """`jaxgemm.accelerate(fn)`: an existing model's GEMMs on jaxgemm, with no rewrite of the model.
 
+(The module is `gemm_rewrite`, not `accelerate`: the package exports the function under
+that name, which would hide a module of the same name.)
+
 `accelerate` traces `fn` to its program (a jaxpr, as `jax.jit` does) and runs that
 program again with every `lax.dot_general` that jaxgemm's kernels take replaced by
 `jaxgemm.dot_general` (or, with `fp8=`, `jaxgemm.matmul(x, w, fp8=...)`), and every
