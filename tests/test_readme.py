@@ -13,9 +13,16 @@ def _python_blocks(text: str) -> list[str]:
 def test_quick_start_runs_as_written(capsys):
   blocks = _python_blocks(README.read_text())
   assert blocks, "README.md has no ```python block"
-  exec(compile(blocks[0], "README.md (quick start)", "exec"), {})  # noqa: S102
+  block = next(b for b in blocks if "TritonConfig" in b)
+  exec(compile(block, "README.md (quick start)", "exec"), {})  # noqa: S102
   out = capsys.readouterr().out
   assert "'xla'" in out and "'basic'" in out
+
+
+def test_accelerate_block_runs_as_written(capsys):
+  block = next(b for b in _python_blocks(README.read_text()) if "accelerate" in b)
+  exec(compile(block, "README.md (accelerate)", "exec"), {})  # noqa: S102
+  assert "jaxgemm.dot_general" in capsys.readouterr().out   # explain(): the GEMMs it took
 
 
 def test_mixture_of_experts_block_runs_as_written(capsys):
