@@ -51,8 +51,9 @@ try:   # source lines and name scopes for explain() and profiles: labels only
 except ImportError:   # pragma: no cover -- a jax without it
   source_info_util = None
 
-from jaxgemm import dispatch, registry
+from jaxgemm import dispatch, gemm_fusion, registry
 from jaxgemm.ops import router
+from jaxgemm.ops.glu import api as glu_api
 from jaxgemm.ops.matmul import api as matmul_api
 from jaxgemm.ops.ragged_dot import api as ragged_dot_api
 from jaxgemm.ops.scaled_matmul.problem import OUT_DTYPES as FP8_OUT_DTYPES
@@ -78,6 +79,18 @@ _SHARD_MAP = frozenset({"shard_map"})
 
 LEFT = "left on XLA"
 REWRITE_INSIDE = "rewrite inside"   # the plan's action for a jit, scan, ... with a GEMM inside
+# The plan's action for an equation a fused op replaces (its result is the fused op's).
+FUSED_AWAY = "fused away"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fused:
+  """The plan's action for the equation whose result a fused op computes."""
+
+  fusion: gemm_fusion.Fusion
+  fp8: bool                # the GEMM in FP8 (epilogues only)
+  out_dtype: Any
+  precision: Any
 # The default filter's floor on M*N*K (multiply-adds). FP8 quantizes each operand on the
 # fly (amax, scale, cast: memory-bound passes over X, W and, in the backward, dY) to win
 # back at most 2x on the tensor cores; below ~1G multiply-adds (a few microseconds of
@@ -333,6 +346,7 @@ def _plan(jaxpr, path: str, options: _Options, entries: list, actions: dict,
   `left_because`. Returns whether the program has any action."""
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
   any_action = False
+  entry_of = {}   # equation index -> its GEMM's entry
   for i, eqn in enumerate(jaxpr.eqns):
     name = eqn.primitive.name
     if name in (_DOT, _RAGGED):
@@ -341,6 +355,7 @@ def _plan(jaxpr, path: str, options: _Options, entries: list, actions: dict,
       else:
         gemm, action = dataclasses.replace(_describe(eqn, f"{path}eqn {i}"), became=LEFT,
                                            why=left_because), "lax"
+      entry_of[i] = len(entries)
       entries.append(gemm)
       if action != "lax":
         actions[id(eqn)] = action
@@ -355,7 +370,32 @@ def _plan(jaxpr, path: str, options: _Options, entries: list, actions: dict,
     if inside:   # only where rewritten: else its GEMMs were planned "lax"
       actions[id(eqn)] = REWRITE_INSIDE
     any_action |= id(eqn) in actions
+  if options.fuse:
+    _plan_fusions(jaxpr, options, entries, actions, entry_of)
   return any_action
+
+
+def _plan_fusions(jaxpr, options: _Options, entries: list, actions: dict, entry_of: dict):
+  """fuse=True: the epilogues and GLUs of this program level (`gemm_fusion.find`) become
+  one fused op each, at the equation of their result; FP8 GEMMs take epilogues only
+  (jaxgemm.matmul(fp8=) runs them after the GEMM; there is no FP8 GLU)."""
+  eqns = jaxpr.eqns
+  action_of = lambda i: actions.get(id(eqns[i]))
+  eligible = {i for i in entry_of if action_of(i) in ("dot", "fp8_dot")}
+  glu_ok = {i for i in eligible if action_of(i) == "dot"}
+  for fusion in gemm_fusion.find(jaxpr, eligible, glu=bool(glu_ok)):
+    if fusion.kind == gemm_fusion.GLU and not set(fusion.dots) <= glu_ok:
+      continue
+    dot = eqns[fusion.dots[0]]
+    fp8 = action_of(fusion.dots[0]) == "fp8_dot"
+    for i in fusion.covered:
+      actions[id(eqns[i])] = FUSED_AWAY
+    actions[id(eqns[fusion.result])] = _Fused(fusion, fp8, dot.outvars[0].aval.dtype,
+                                              dot.params.get("precision"))
+    became = (f"{fusion.describe()}{f' fp8={options.fp8_name}' if fp8 else ''} "
+              f"(backend={options.backend!r})")
+    for i in fusion.dots:
+      entries[entry_of[i]] = dataclasses.replace(entries[entry_of[i]], became=became)
 
 
 # ------------------------------------------------------------------ running
@@ -415,11 +455,30 @@ class _Program:
     env.update(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
-      invals = [read(v) for v in eqn.invars]
+      action = self.actions.get(id(eqn))
+      if action is FUSED_AWAY:
+        continue   # its value is inside a fused op's, which nothing else reads
       with _eqn_context(eqn):
-        outs = self._eqn(eqn, invals)
+        if isinstance(action, _Fused):
+          env[eqn.outvars[0]] = self._fused(action, read)
+          continue
+        outs = self._eqn(eqn, [read(v) for v in eqn.invars])
       env.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
     return [read(v) for v in jaxpr.outvars]
+
+  def _fused(self, action: _Fused, read):
+    f, backend = action.fusion, self.options.backend
+    maybe = lambda v: None if v is None else read(v)
+    if f.kind == gemm_fusion.GLU:
+      return glu_api.glu(read(f.x), read(f.w), read(f.w_up), activation=f.activation,
+                         bias_gate=maybe(f.bias), bias_up=maybe(f.bias_up),
+                         precision=action.precision, preferred_element_type=action.out_dtype,
+                         backend=backend)
+    return router.matmul(read(f.x), read(f.w), bias=maybe(f.bias), activation=f.activation,
+                         residual=maybe(f.residual),
+                         fp8=self.options.fp8 if action.fp8 else None,
+                         precision=None if action.fp8 else action.precision,
+                         preferred_element_type=action.out_dtype, backend=backend)
 
   def _eqn(self, eqn, invals):
     action = self.actions.get(id(eqn))
@@ -557,9 +616,6 @@ class _Accelerated:
     name = getattr(self._fn, "__name__", type(self._fn).__name__)   # a Module: its class
     header = (f"accelerate({name}, backend={o.backend!r}"
               f"{f', fp8={o.fp8_name}' if o.fp8 is not None else ''}, fuse={o.fuse})")
-    if o.fuse:
-      header = ("fuse=True: fused patterns (x@w + b, act(x@w + b), act(x@w + b) + r, GLU) "
-                "are not recognized yet; each GEMM runs on its own\n" + header)
     return Report(program.entries, header)
 
   def __repr__(self):
@@ -598,9 +654,10 @@ def accelerate(fn: Callable, *, backend: str = "auto", fp8=None,
     fp8_filter: with fp8, a function of a `Gemm` (shapes, dtypes, where it was found, and
       what it would become without FP8) returning whether it runs in FP8; it decides both
       ways, so it can force a small GEMM in. Default: `default_fp8_filter`.
-    fuse: whether recognized patterns (x@w + b, act(x@w + b), act(x@w + b) + r, GLU)
-      become fused ops. Not implemented yet: no pattern is recognized, each GEMM runs
-      on its own, and explain() says so.
+    fuse: whether the patterns `jaxgemm.gemm_fusion` recognizes (x@w + b, act(x@w + b),
+      act(x@w + b) + r, act(x@wg) * (x@wu)) become one fused op each
+      (`jaxgemm.matmul(bias=, activation=, residual=)`, `jaxgemm.glu`); explain() names
+      them. With fp8, epilogues only.
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxgemm
@@ -613,7 +670,7 @@ def accelerate(fn: Callable, *, backend: str = "auto", fp8=None,
     >>> jax.grad(lambda p: fast(p, jnp.ones((4, 16))).sum())(params)["w1"].shape
     (16, 32)
     >>> [g.became for g in fast.explain(params, jnp.ones((4, 16)))]
-    ["jaxgemm.dot_general (backend='xla')", "jaxgemm.dot_general (backend='xla')"]
+    ["jaxgemm.matmul(activation='relu') (backend='xla')", "jaxgemm.dot_general (backend='xla')"]
   """
   if not callable(fn):
     raise TypeError(f"accelerate(fn): fn must be callable; got {type(fn).__name__} {fn!r}")

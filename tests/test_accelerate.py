@@ -70,7 +70,7 @@ def mlp_params(rng, dtype, d=16, f=32):
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
 def test_mlp_matches_and_runs_on_jaxgemm(dtype, rng):
   params, x = mlp_params(rng, dtype), random_array(rng, (2, 5, 16), dtype)
-  fast = jaxgemm.accelerate(mlp, backend="xla")
+  fast = jaxgemm.accelerate(mlp, backend="xla", fuse=False)   # each GEMM on its own
   out = fast(params, x)
   assert out.dtype == mlp(params, x).dtype
   assert_close(out, in_f64(mlp, params, x), dtype)
@@ -89,8 +89,8 @@ def test_gradients_through_jaxgemm_and_of_the_traced_gradient(rng):
   rewrites the gradient's own dots (x 2-D: every backward GEMM contracts one dimension)."""
   params, x = mlp_params(rng, F32), random_array(rng, (6, 16), F32)
   ref = in_f64(jax.grad(loss), params, x)
-  outer = jax.grad(jaxgemm.accelerate(loss, backend="xla"))
-  inner = jaxgemm.accelerate(jax.grad(loss), backend="xla")
+  outer = jax.grad(jaxgemm.accelerate(loss, backend="xla", fuse=False))
+  inner = jaxgemm.accelerate(jax.grad(loss), backend="xla", fuse=False)
   for name, grad in (("grad(accelerate(f))", outer), ("accelerate(grad(f))", inner)):
     got = grad(params, x)
     for w in params:
@@ -176,7 +176,7 @@ def layers(stack, x):
 
 def test_scan_checkpoint_cond_and_while_are_rewritten_inside(rng):
   stack, x = random_array(rng, (3, 16, 16), F32) / 4, random_array(rng, (4, 16), F32)
-  fast = jaxgemm.accelerate(layers, backend="xla")
+  fast = jaxgemm.accelerate(layers, backend="xla", fuse=False)
   assert_close(fast(stack, x), in_f64(layers, stack, x), F32)
   jaxpr = jax.make_jaxpr(fast)(stack, x)
   outer = [e.primitive.name for e in jaxpr.jaxpr.eqns]
@@ -187,7 +187,7 @@ def test_scan_checkpoint_cond_and_while_are_rewritten_inside(rng):
   # The gradient through the checkpointed layers, the scan and the cond (their rules
   # differentiate the rewritten bodies; a while loop has no reverse-mode rule).
   f = lambda stack, x: jnp.sum(scanned(stack, x)[:, :4] ** 2)   # noqa: E731
-  g = jax.grad(jaxgemm.accelerate(f, backend="xla"))(stack, x)
+  g = jax.grad(jaxgemm.accelerate(f, backend="xla", fuse=False))(stack, x)
   assert_close(g, in_f64(jax.grad(f), stack, x), F32, "d stack")
 
 
@@ -372,14 +372,17 @@ def test_explain_report(rng):
   assert (first.lhs_shape, first.rhs_shape, first.out_shape) == ((2, 5, 16), (16, 32), (2, 5, 32))
   assert (first.lhs_dtype, first.out_dtype) == ("float32", "float32")
   assert (first.batch, first.m, first.n, first.k) == (1, 10, 32, 16)
-  assert first.became == "jaxgemm.dot_general (backend='auto')" and first.why == ""
+  # fuse=True (the default): relu(x @ w1) is one fused op.
+  assert first.became == "jaxgemm.matmul(activation='relu') (backend='auto')"
+  assert first.why == ""
   with pytest.raises(dataclasses.FrozenInstanceError):
     first.became = "x"   # frozen
   text = str(report)
   assert "3 GEMM(s) found, 3 on jaxgemm, 0 left on XLA" in text
-  assert "fuse=True: fused patterns" in text and "not recognized yet" in text
+  assert "fuse=True" in text and "jaxgemm.matmul(activation='tanh')" in text
   assert "float32[2,5,16] x float32[16,32] -> float32[2,5,32]" in text
-  assert "fuse=True" not in str(jaxgemm.accelerate(mlp, fuse=False).explain(params, x))
+  unfused = str(jaxgemm.accelerate(mlp, fuse=False).explain(params, x))
+  assert "fuse=False" in unfused and "activation=" not in unfused
   # Abstract arguments do.
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (params, x))
   assert jaxgemm.accelerate(mlp).explain(*abstract) == report
@@ -414,3 +417,88 @@ def test_bad_arguments(kwargs, error, match):
 def test_docstring_examples():
   result = doctest.testmod(gemm_rewrite)
   assert result.attempted >= 5 and result.failed == 0
+
+
+# ---------------------------------------------------------------- fuse=True
+
+ACTIVATIONS_AS_WRITTEN = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu,
+                          "sigmoid": jax.nn.sigmoid, "tanh": jnp.tanh}
+
+
+def _epilogue_operands(rng, dtype, rows=(2, 6), d=16, n=24):
+  x = random_array(rng, (*rows, d), dtype)
+  w = (random_array(rng, (d, n), F32) / np.sqrt(d)).astype(dtype)
+  b = random_array(rng, (n,), dtype)
+  r = random_array(rng, (*rows, n), dtype)
+  return x, w, b, r
+
+
+@pytest.mark.parametrize("activation", sorted(ACTIVATIONS_AS_WRITTEN))
+def test_epilogue_written_with_jnp_becomes_one_fused_op(activation, rng):
+  """act(x @ w + b) + r, written with jnp: one `jaxgemm_fused_matmul` (no dot_general,
+  no separate add), matching float64 (bound: the GEMM's, through the activation's slope
+  of at most 1.13, plus the residual), with its gradient through the fused op's VJP."""
+  act = ACTIVATIONS_AS_WRITTEN[activation]
+  f = lambda x, w, b, r: act(x @ w + b) + r
+  x, w, b, r = _epilogue_operands(rng, F32)
+  fast = jaxgemm.accelerate(f, backend="xla")
+  names = program(fast, x, w, b, r)
+  assert names.count("jaxgemm_fused_matmul") == 1 and "dot_general" not in names, names
+  (entry,) = fast.explain(x, w, b, r)
+  assert entry.became == (f"jaxgemm.matmul(bias, activation={activation!r}, residual) "
+                          f"(backend='xla')")
+  x64, w64, b64, r64 = (as_f64(t) for t in (x, w, b, r))
+  act64 = {"gelu": lambda z: 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3))),
+           "relu": lambda z: np.maximum(z, 0), "silu": lambda z: z / (1 + np.exp(-z)),
+           "sigmoid": lambda z: 1 / (1 + np.exp(-z)), "tanh": np.tanh}[activation]
+  want = act64(x64 @ w64 + b64) + r64
+  bound = 1.13 * (np.abs(x64) @ np.abs(w64) + np.abs(b64)) + np.abs(r64)
+  tol = tolerance(F32)
+  assert np.all(np.abs(np.asarray(fast(x, w, b, r), np.float64) - want) <= tol * bound)
+  g_fast = jax.grad(lambda w: fast(x, w, b, r).sum())(w)
+  g_want = jax.grad(lambda w: f(x, w, b, r).sum())(w)
+  assert rel_err(g_fast, g_want) < 10 * tol
+
+
+def test_glu_written_with_jnp_becomes_one_glu(rng):
+  """silu(x @ wg + bg) * (x @ wu + bu), the same x: one `jaxgemm_glu`; without biases too."""
+  x, wg, bg, _ = _epilogue_operands(rng, F32)
+  _, wu, bu, _ = _epilogue_operands(rng, F32)
+  for f, biases in ((lambda x: jax.nn.silu(x @ wg + bg) * (x @ wu + bu), ", biases"),
+                    (lambda x: (x @ wu) * jax.nn.silu(x @ wg), "")):
+    fast = jaxgemm.accelerate(f, backend="xla")
+    names = program(fast, x)
+    assert names.count("jaxgemm_glu") == 1 and "dot_general" not in names, names
+    assert {g.became for g in fast.explain(x)} == {
+        f"jaxgemm.glu(activation='silu'{biases}) (backend='xla')"}
+    assert rel_err(fast(x), f(x)) < 10 * tolerance(F32)
+
+
+def test_values_read_elsewhere_are_not_fused_away(rng):
+  """h = x @ w + b read twice: the bias is fused (h is the fused op's result), the
+  activation is not; in accelerate(grad(f)) the backward reads the pre-activation, so
+  the forward's activation stays as written, and the gradient matches."""
+  x, w, b, _ = _epilogue_operands(rng, F32)
+
+  def f(x, w, b):
+    h = x @ w + b
+    return jax.nn.gelu(h) + h
+
+  fast = jaxgemm.accelerate(f, backend="xla")
+  assert [g.became for g in fast.explain(x, w, b)] == ["jaxgemm.matmul(bias) (backend='xla')"]
+  assert rel_err(fast(x, w, b), f(x, w, b)) < 10 * tolerance(F32)
+  loss = lambda w: jnp.sum(jax.nn.gelu(x @ w + b))
+  inner = jaxgemm.accelerate(jax.grad(loss), backend="xla")
+  assert rel_err(inner(w), jax.grad(loss)(w)) < 10 * tolerance(F32)
+
+
+def test_fp8_takes_the_epilogue_along(rng):
+  """With fp8=, a fused epilogue runs jaxgemm.matmul(fp8=, bias=, activation=)."""
+  x = random_array(rng, (256, 256), BF16)
+  w = (random_array(rng, (256, 256), F32) / 16).astype(BF16)
+  b = random_array(rng, (256,), BF16)
+  f = lambda x, w, b: jax.nn.relu(x @ w + b)
+  fast = jaxgemm.accelerate(f, backend="xla", fp8="block", fp8_filter=lambda g: True)
+  (entry,) = fast.explain(x, w, b)
+  assert entry.became == "jaxgemm.matmul(bias, activation='relu') fp8=block (backend='xla')"
+  assert rel_err(fast(x, w, b), f(x, w, b)) < QUANT_TOL["float8_e4m3fn"]

@@ -59,6 +59,10 @@ def test_every_gemm_of_a_step_reaches_jaxgemm_or_says_why(spec):
   params = M.init_params(spec, 0)
   report = jaxgemm.accelerate(M.make_step(spec)).explain(params, T.adam_init(params),
                                                           tokens, targets)
+  forward = jaxgemm.accelerate(M.forward_loss).explain(params, tokens, targets, spec)
+  if not spec.moe:   # the loss accelerated: the SwiGLU's gate and up GEMMs as one glu
+    assert sum(g.became.startswith("jaxgemm.glu(activation='silu')") for g in forward) \
+        == 2 * spec.n_layers, [g.became for g in forward]
   left = [g for g in report if g.became == LEFT]
   assert all(g.why for g in left), [g for g in left if not g.why]
   assert all("(attention)" in g.source for g in left), [g.source for g in left]

@@ -1,5 +1,5 @@
 """The models suite's entry: ordinary models' training steps, XLA's against
-`jaxgemm.accelerate(step)` (issue 47), and its table.
+`jaxgemm.accelerate(loss)` inside the step's gradient (issue 47), and its table.
 
 The steps run in bench/models.py (`models.run_suite`). Its rows are of kinds
 `model_step` (one per program) and `train_loss` (one per step, which the training plot
@@ -15,7 +15,7 @@ from ..report.markdown import fmt_x, table
 MODELS_NOTE = (
     "Each model is written the ordinary way (`x @ w`, `jnp.einsum`, `lax.ragged_dot`, "
     "`jax.nn.dot_product_attention`; no jaxgemm call inside). XLA's row is `jax.jit(step)` and "
-    "the others are `jax.jit(jaxgemm.accelerate(step, ...))`. All start from the same "
+    "the others the same step with `jaxgemm.accelerate(loss, ...)` inside its gradient. All start from the same "
     "parameters and train on the same batches. Each is timed interleaved with XLA's step. "
     "`bench/models.py` says more.")
 
@@ -56,12 +56,12 @@ ENTRY = BenchOp(
     name="models", order=60, ops=("matmul",), family="models",
     suites=(
         Suite("models", "ordinary models' training steps (a Llama-3-8B-like decoder, a "
-              "Qwen3-30B-A3B-like MoE) as XLA's program and as jaxgemm.accelerate(step), bf16 "
+              "Qwen3-30B-A3B-like MoE) as XLA's program and with jaxgemm.accelerate(loss), bf16 "
               "and fp8='block' (issue 47)", None, runner="models",
               list_note="training steps of two models: see bench/models.py"),
     ),
     peers=("accelerate",),
     train_ref_label="XLA (jax.jit(step))",
     run_sections=(Section("Suite `models` (accelerate on ordinary models)", _section,
-                          readme_title="Models: accelerate(step) vs XLA"),),
+                          readme_title="Models: accelerate(loss) vs XLA"),),
 )
