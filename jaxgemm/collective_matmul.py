@@ -18,7 +18,9 @@ XLA's scheduler runs them at the same time (async collective-permute):
   steps it holds its own chunk of the sum (W2's row-parallel GEMM into tokens).
 
 The backward of one is the other: the gradient GEMMs are `matmul_p`s on the mesh too,
-and `plan` gives each its own move, which a ring then runs.
+and `plan` gives each its own move, which a ring then runs. The fused ops (`fused_matmul`,
+`glu`) take the same hook: each chunk is one kernel with its epilogue. Their K stays whole,
+so only gather rings of kept factors apply to them.
 
 `ring_for` is the hook an op hands to `sharding.make_partitionable` (`overlap=`); the
 op's `overlap` param decides: True runs a ring wherever the plan moves data over one
@@ -102,8 +104,9 @@ class GatherRing:
   operands: the shardings the operands keep (the gathered one keeps its own).
   result_dim: the result dimension the chunks' results fill, for a factor the result
     keeps; None for a contracted factor, whose chunks' results are summed.
-  partners: (operand, dimension) of the other operands' share of a contracted
-    factor: each step slices the chunk that meets the one it holds.
+  partners: (operand, dimension) of the other operands' share of the factor (a
+    contracted factor's partner, a residual over the gathered rows): each step slices
+    the chunk that meets the one it holds.
   """
 
   operands: tuple[P, ...]
@@ -213,11 +216,12 @@ def _gather_ring(the_plan, operand_specs, operand_types, axis_sizes) -> GatherRi
     return None   # uneven shards: XLA's padding would go round the ring
   specs = list(wanted)
   specs[op] = operand_specs[op]
-  if factor in rule.result:
-    return GatherRing(tuple(specs), axis, n, op, dim, rule.result.index(factor))
+  # The other operands' share of the factor (a contracted one's partner; a fused
+  # epilogue's residual over the gathered rows): each step slices the chunk it meets.
   partners = tuple((i, dims.index(factor)) for i, dims in enumerate(rule.operands)
                    if i != op and factor in dims)
-  return GatherRing(tuple(specs), axis, n, op, dim, None, partners)
+  result_dim = rule.result.index(factor) if factor in rule.result else None
+  return GatherRing(tuple(specs), axis, n, op, dim, result_dim, partners)
 
 
 def _scatter_ring(the_plan, operand_specs, axis_sizes) -> ScatterRing | None:

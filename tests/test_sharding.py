@@ -552,7 +552,11 @@ def test_overlap_argument_errors_name_it():
     jaxgemm.matmul(a, b, overlap="yes")
   with pytest.raises(TypeError, match=r"overlap=1 must be None"):
     jaxgemm.dot_general(a, b, (((1,), (0,)), ((), ())), overlap=1)
-  with pytest.raises(NotImplementedError, match=r"overlap=True\) runs plain GEMMs only"):
-    jaxgemm.matmul(a, b, bias=jnp.ones(4), overlap=True)
+  with pytest.raises(NotImplementedError, match=r"overlap=True\) does not run fp8= GEMMs"):
+    jaxgemm.matmul(a, b, fp8="tensor", overlap=True)
+  with pytest.raises(TypeError, match=r"overlap='no' must be None"):
+    jaxgemm.glu(a, b, b, overlap="no")
+  with pytest.raises(TypeError, match=r"overlap=0 must be None"):
+    jaxgemm.matmul(a, b, bias=jnp.ones(4), overlap=0)
   # One device: nothing moves, so overlap changes nothing.
   np.testing.assert_array_equal(jaxgemm.matmul(a, b, overlap=True, backend="xla"), a @ b)

@@ -71,10 +71,10 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
       tokens meeting W on columns; a K-sharded product into a token-sharded
       result), run the all-gather or reduce-scatter as a ring of collective
       permutes under the local GEMMs, chunk by chunk (`jaxgemm.collective_matmul`),
-      forward and backward. True: wherever such a move is; False: never (XLA's
+      forward and backward; with an epilogue, each chunk's GEMM is one fused kernel. True: wherever such a move is; False: never (XLA's
       collective, then one local GEMM); None: as False for now, since no ring has
       measured faster than XLA's collectives on H100s (`jaxgemm.collective_matmul`
-      has the measurements). Plain GEMMs only (no epilogue or `fp8`).
+      has the measurements). Not with `fp8`.
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxgemm
@@ -89,17 +89,16 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
   a, b = gemm.matmul_operands(a, b)
   kwargs = dict(precision=precision, preferred_element_type=preferred_element_type,
                 out_sharding=out_sharding, backend=backend, variant=variant, config=config)
-  if overlap is not None and (fp8 is not None or bias is not None or activation is not None
-                              or residual is not None):
+  if overlap is not None and fp8 is not None:
     raise NotImplementedError(
-        f"jaxgemm.matmul(overlap={overlap!r}) runs plain GEMMs only; with an epilogue or "
+        f"jaxgemm.matmul(overlap={overlap!r}) does not run fp8= GEMMs in a ring; with "
         f"fp8=, leave overlap=None")
   if fp8 is not None:
     return fp8_training.matmul(a, b, fp8, bias=bias, activation=activation,
                                residual=residual, **kwargs)
   if bias is not None or activation is not None or residual is not None:
     return fused_matmul_api.fused_matmul(a, b, bias=bias, activation=activation,
-                                         residual=residual, **kwargs)
+                                         residual=residual, overlap=overlap, **kwargs)
   return matmul_api.matmul(a, b, overlap=overlap, **kwargs)
 
 

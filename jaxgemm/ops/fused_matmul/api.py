@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgemm import gemm, sharding
+from jaxgemm import collective_matmul, gemm, sharding
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.primitive import bind
 from jaxgemm.ops.fused_matmul.problem import FusedMatmulProblem
@@ -86,8 +86,9 @@ def check_activation_dtype(activation, out_dtype, api_name: str) -> None:
 
 def fused_matmul(a, b, *, bias=None, activation=None, residual=None, precision=None,
                  preferred_element_type=None, out_sharding=None, backend="auto", variant=None,
-                 config=None) -> jax.Array:
-  """`activation(a @ b + bias) + residual`, one kernel (see `jaxgemm.matmul`).
+                 config=None, overlap=None) -> jax.Array:
+  """`activation(a @ b + bias) + residual`, one kernel (see `jaxgemm.matmul`; with
+  overlap=True on a mesh, each chunk of a ring is one such kernel).
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm
@@ -96,6 +97,7 @@ def fused_matmul(a, b, *, bias=None, activation=None, residual=None, precision=N
     >>> y.shape, float(y[0, 0, 0])
     ((2, 4, 16), 9.0)
   """
+  collective_matmul.check_overlap(overlap)
   dtype, out_dtype = gemm.matmul_dtypes(a, b, preferred_element_type)
   check_activation_dtype(activation, out_dtype, "matmul")
   layout = gemm.canonical_layout(a, b)
@@ -128,5 +130,5 @@ def fused_matmul(a, b, *, bias=None, activation=None, residual=None, precision=N
   (y,) = bind(a3, b3, *extras, ndims=layout2.ndims, out_dtype=out_dtype,
               acc_dtype=problem.acc_dtype, precision=problem.precision,
               activation=activation, bias="shared" if bias is not None else None,
-              residual=residual is not None, **params)
+              residual=residual is not None, overlap=overlap, **params)
   return y.reshape(layout.out_shape)

@@ -39,7 +39,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxgemm import registry, sharding
+from jaxgemm import collective_matmul, registry, sharding
 from jaxgemm.gemm import dimension_groups
 from jaxgemm.ops import activations, rules
 from jaxgemm.ops.rules import add_terms, bias_to_out, is_zero, moved
@@ -99,7 +99,7 @@ def problem_of(a, b, *extras, **params) -> FusedMatmulProblem:
 def bind(a, b, *extras, trans_a=False, trans_b=False, ndims=matmul_primitive.DEFAULT_NDIMS,
          out_dtype, acc_dtype, precision, backend, variant=None, config=None,
          activation=None, bias=None, residual=False, save_preactivation=False, gate=None,
-         gate_activation=None, out_sharding=None):
+         gate_activation=None, out_sharding=None, overlap=None):
   """fused_matmul_p.bind with every param; returns the list of results.
 
   out_sharding must be None (it is in the params for `jaxgemm.sharding`, which
@@ -112,7 +112,8 @@ def bind(a, b, *extras, trans_a=False, trans_b=False, ndims=matmul_primitive.DEF
       out_dtype=np.dtype(out_dtype), acc_dtype=np.dtype(acc_dtype), precision=precision,
       backend=backend, variant=variant, config=config, out_sharding=None,
       activation=activation, bias=bias, residual=residual,
-      save_preactivation=save_preactivation, gate=gate, gate_activation=gate_activation)
+      save_preactivation=save_preactivation, gate=gate, gate_activation=gate_activation,
+      overlap=overlap)
 
 
 def _abstract_eval(a, b, *extras, **params):
@@ -228,7 +229,8 @@ def _gated_transpose(cts, a, b, z, **params):
     out_sharding = None if x_aval.sharding.mesh.empty else x_aval.sharding
     common = dict(trans_a=trans_lhs, trans_b=trans_rhs, ndims=ndims, out_dtype=x_aval.dtype,
                   acc_dtype=params["acc_dtype"], precision=params["precision"],
-                  backend=params["backend"], variant=None, config=None)
+                  backend=params["backend"], variant=None, config=None,
+                  overlap=params.get("overlap"))
     if where is None:
       return matmul_primitive.bind(lhs, rhs, out_sharding=out_sharding, **common)
     return bind(lhs, rhs, z, gate=where, gate_activation=act, **common)[0]
@@ -327,7 +329,8 @@ fused_matmul_local_p = sharding.make_partitionable(
     fused_matmul_p, sharding_rule,
     {platform: rules.kernel_lowering(
         problem_of, lambda p: (p.a_shape, p.b_shape, *p.extra_shapes), platform=platform,
-        multiple_results=True) for platform in ("cuda", "cpu")})
+        multiple_results=True) for platform in ("cuda", "cpu")},
+    overlap=collective_matmul.ring_for)
 
 
 def _call(problem: FusedMatmulProblem, a, b, *extras, backend, variant, config):

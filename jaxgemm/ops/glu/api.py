@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxgemm import gemm
+from jaxgemm import collective_matmul, gemm
 from jaxgemm.ops import activations
 from jaxgemm.ops.fused_matmul.api import check_activation_dtype, check_epilogue
 from jaxgemm.ops.glu.primitive import bind
@@ -22,7 +22,7 @@ def reference(x, w_gate, w_up, activation, bias_gate, bias_up, **matmul_kwargs):
 
 def glu(x, w_gate, w_up, *, activation: str = "silu", bias_gate=None, bias_up=None,
         precision=None, preferred_element_type=None, backend: str = "auto",
-        variant: str | None = None, config=None) -> jax.Array:
+        variant: str | None = None, config=None, overlap: bool | None = None) -> jax.Array:
   """A gated linear unit in one kernel: `activation(x @ w_gate + bias_gate) * (x @ w_up + bias_up)`.
 
   SwiGLU is activation="silu" (the default), GeGLU "gelu". Each tile of x is
@@ -34,8 +34,10 @@ def glu(x, w_gate, w_up, *, activation: str = "silu", bias_gate=None, bias_up=No
     activation: one of "relu", "gelu", "gelu_exact", "silu", "sigmoid", "tanh" (jax.nn's).
     bias_gate, bias_up: None or shape (N,) in the result's dtype (one alone: the
       other is zero).
-    precision, preferred_element_type, backend, variant, config: as for
-      `jaxgemm.matmul`; variants are `jaxgemm.variants(backend, "glu")`.
+    precision, preferred_element_type, backend, variant, config, overlap: as for
+      `jaxgemm.matmul`; variants are `jaxgemm.variants(backend, "glu")`. With
+      overlap=True on a mesh, x gathered on its rows runs as a ring of chunks, each
+      chunk's GLU one kernel (`jaxgemm.collective_matmul`).
 
   Example:
     >>> import jax.numpy as jnp, jaxgemm
@@ -45,6 +47,7 @@ def glu(x, w_gate, w_up, *, activation: str = "silu", bias_gate=None, bias_up=No
   """
   x, w_gate, w_up = jnp.asarray(x), jnp.asarray(w_gate), jnp.asarray(w_up)
   activations.check(activation, allow_none=False)
+  collective_matmul.check_overlap(overlap)
   if w_gate.shape != w_up.shape:
     raise ValueError(f"w_up must have w_gate's shape {w_gate.shape}; got w_up.shape={w_up.shape}")
   if x.ndim < 1 or w_gate.ndim < 2:
@@ -81,5 +84,5 @@ def glu(x, w_gate, w_up, *, activation: str = "silu", bias_gate=None, bias_up=No
     biases = [zero if b is None else jnp.asarray(b) for b in (bias_gate, bias_up)]
   (h,) = bind(x3, wg3, wu3, *biases, ndims=layout2.ndims, out_dtype=out_dtype,
               acc_dtype=problem.acc_dtype, precision=problem.precision, activation=activation,
-              bias="shared" if has_bias else None, **params)
+              bias="shared" if has_bias else None, overlap=overlap, **params)
   return h.reshape(layout.out_shape)

@@ -27,7 +27,7 @@ from jax import lax
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
-from jaxgemm import registry, sharding
+from jaxgemm import collective_matmul, registry, sharding
 from jaxgemm.gemm import dimension_groups
 from jaxgemm.ops import activations, rules
 from jaxgemm.ops.base import Op, normal_operands
@@ -68,14 +68,15 @@ def problem_of(x, w_gate, w_up, *biases, **params) -> GluProblem:
 
 def bind(x, w_gate, w_up, *biases, trans_a=False, trans_b=False,
          ndims=matmul_primitive.DEFAULT_NDIMS, out_dtype, acc_dtype, precision, backend,
-         variant=None, config=None, activation="silu", bias=None, save_preactivation=False):
+         variant=None, config=None, activation="silu", bias=None, save_preactivation=False,
+         overlap=None):
   """glu_p.bind with every param; returns the list of results."""
   x, w_gate, w_up, *biases = sharding.insert_pvary(x, w_gate, w_up, *biases)
   return glu_p.bind(x, w_gate, w_up, *biases, trans_a=trans_a, trans_b=trans_b,
                     ndims=tuple(ndims), out_dtype=np.dtype(out_dtype),
                     acc_dtype=np.dtype(acc_dtype), precision=precision, backend=backend,
                     variant=variant, config=config, out_sharding=None, activation=activation,
-                    bias=bias, save_preactivation=save_preactivation)
+                    bias=bias, save_preactivation=save_preactivation, overlap=overlap)
 
 
 def _abstract_eval(x, w_gate, w_up, *biases, **params):
@@ -170,7 +171,8 @@ glu_local_p = sharding.make_partitionable(
     glu_p, sharding_rule,
     {platform: rules.kernel_lowering(
         problem_of, lambda p: (p.a_shape, p.b_shape, p.b_shape, *p.extra_shapes),
-        platform=platform, multiple_results=True) for platform in ("cuda", "cpu")})
+        platform=platform, multiple_results=True) for platform in ("cuda", "cpu")},
+    overlap=collective_matmul.ring_for)
 
 
 def _call(problem: GluProblem, *operands, backend, variant, config):
