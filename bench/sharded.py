@@ -155,9 +155,14 @@ def compile_program(fn, args, out_shardings=None, hlo_file=None,
                  custom_calls(hlo))
 
 
-def _hlo_file(hlo_dir, problem: str, backend: str):
+def _hlo_file(hlo_dir, problem: str, program: str):
+  """Where a program's collectives go: a file name of letters, digits, '.', '_' and '-'
+  only (variants such as "overlap=True" or "local GEMMs (floor)" are not; the GPU
+  machine returns no file with other characters in its name)."""
   from pathlib import Path  # noqa: PLC0415
-  return None if hlo_dir is None else Path(hlo_dir) / f"{problem}.{backend}.txt"
+  if hlo_dir is None:
+    return None
+  return Path(hlo_dir) / (re.sub(r"[^A-Za-z0-9._-]+", "-", f"{problem}.{program}") + ".txt")
 
 
 # ---------------------------------------------------------------- the layouts
@@ -319,7 +324,8 @@ class Candidate:
 
   checked: its results must match XLA's (False: it computes something else on purpose,
     e.g. the local GEMMs alone, the compute floor; it is timed only).
-  out_shardings: None takes the problem's; `compiler_options`: XLA's flags for it alone.
+  own_out_shardings: compiled without the problem's output shardings (the floor's results
+    are not the problem's); `compiler_options`: XLA's flags for it alone.
   """
 
   backend: str

@@ -55,8 +55,8 @@ from jaxgemm import sharding
 # (research/overlap/ring_schedule.py; the Megatron-SP MLP at Llama-3-8B and 70B sizes,
 # commit f2f08dd, wall clock of back-to-back calls; docs/overlap.md has the tables):
 # - 2 GPUs: rings gathering x only ran the forward at 0.97-1.01x of XLA's program and the
-#   forward + backward at 0.93-0.96x; every ring, 0.98-1.02x and 0.91-0.92x. The timeline: the permute did run under the
-#   first chunk's GEMM (33.5 MB in 143 us; XLA's all-gather took 160 us), but splitting
+#   forward + backward at 0.93-0.96x; every ring, 0.98-1.02x and 0.91-0.92x. The
+#   timeline: the permute did run under the first chunk's GEMM (33.5 MB in 143 us; XLA's all-gather took 160 us), but splitting
 #   the GEMM (+100 us at 70B) and placing the chunks' results (+63 us) took back what it
 #   hid. A reduce-scatter ring lost outright: slicing the operand cost 55-58 us a step, and
 #   its permute, launched beside the GEMM, took 529 us instead of 143 and slowed that
@@ -186,35 +186,36 @@ class ScatterRing:
     return total
 
 
-def _single_axis(entry) -> str | None:
-  axes = sharding.axes_of(entry)
-  return axes[0] if len(axes) == 1 else None
+def _moved(the_plan, operand_specs) -> list[tuple[int, int, tuple, tuple]]:
+  """(operand, dimension, its mesh axes as it comes, as the plan wants them) of every
+  operand dimension the plan reshards."""
+  out = []
+  for i, (dims, spec, want) in enumerate(zip(the_plan.rule.operands, operand_specs,
+                                             the_plan.operands)):
+    for d, (have, need) in enumerate(zip(sharding.padded_spec(spec, len(dims)),
+                                         sharding.padded_spec(want, len(dims)))):
+      if sharding.axes_of(have) != sharding.axes_of(need):
+        out.append((i, d, sharding.axes_of(have), sharding.axes_of(need)))
+  return out
 
 
 def _gather_ring(the_plan, operand_specs, operand_types, axis_sizes) -> GatherRing | None:
   """The ring for a plan that gathers one operand dimension over one mesh axis and
   moves nothing else; None for any other plan."""
   rule = the_plan.rule
-  wanted = the_plan.operands
-  changed = [(i, d) for i, (dims, spec, want) in enumerate(zip(rule.operands, operand_specs,
-                                                                wanted))
-             for d, (have, need) in enumerate(zip(sharding.padded_spec(spec, len(dims)),
-                                                  sharding.padded_spec(want, len(dims))))
-             if sharding.axes_of(have) != sharding.axes_of(need)]
-  if len(changed) != 1:
+  moved = _moved(the_plan, operand_specs)
+  if len(moved) != 1:
     return None
-  (op, dim), = changed
+  (op, dim, have, want), = moved
   factor = rule.operands[op][dim]
-  have = sharding.padded_spec(operand_specs[op], len(rule.operands[op]))[dim]
-  axis = _single_axis(have)
-  if (axis is None or sharding.axes_of(sharding.padded_spec(wanted[op], len(rule.operands[op]))
-                                       [dim]) or factor in rule.replicated
-      or rule.more_results or axis in the_plan.reduce_axes):
-    return None
+  axis = have[0] if len(have) == 1 else None
+  if (axis is None or want or factor in rule.replicated or rule.more_results
+      or axis in the_plan.reduce_axes):
+    return None   # not one axis gathered whole
   n = axis_sizes[axis]
   if operand_types[op].shape[dim] % n:
     return None   # uneven shards: XLA's padding would go round the ring
-  specs = list(wanted)
+  specs = list(the_plan.operands)
   specs[op] = operand_specs[op]
   # The other operands' share of the factor (a contracted one's partner; a fused
   # epilogue's residual over the gathered rows): each step slices the chunk it meets.
@@ -229,10 +230,7 @@ def _scatter_ring(the_plan, operand_specs, axis_sizes) -> ScatterRing | None:
   rule = the_plan.rule
   if the_plan.scatter_dim is None or len(the_plan.reduce_axes) != 1 or rule.more_results:
     return None
-  if any(sharding.axes_of(a) != sharding.axes_of(b)
-         for dims, have, want in zip(rule.operands, operand_specs, the_plan.operands)
-         for a, b in zip(sharding.padded_spec(have, len(dims)),
-                         sharding.padded_spec(want, len(dims)))):
+  if _moved(the_plan, operand_specs):
     return None
   axis, = the_plan.reduce_axes
   factor = rule.result[the_plan.scatter_dim]

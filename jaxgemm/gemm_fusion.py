@@ -108,7 +108,7 @@ def plain_gemm(eqn) -> bool:
           and tuple(lc) == (x.ndim - 1,) and x.ndim >= 1)
 
 
-def _bias_of(uses: _Uses, eqn_index: int, operand, out_aval):
+def _bias_of(uses: _Uses, operand, out_aval):
   """The (N,) variable `operand` broadcasts over the rows, or None."""
   if not isinstance(operand, jcore.Var) or operand not in uses.producer:
     return None
@@ -116,9 +116,9 @@ def _bias_of(uses: _Uses, eqn_index: int, operand, out_aval):
   if producer.primitive.name != "broadcast_in_dim":
     return None
   (b,) = producer.invars
-  n = out_aval.shape[-1]
+  n, last = out_aval.shape[-1], producer.outvars[0].aval.ndim - 1
   if (not isinstance(b, jcore.Var) or b.aval.shape != (n,) or b.aval.dtype != out_aval.dtype
-      or tuple(producer.params["broadcast_dimensions"]) != (len(producer.outvars[0].aval.shape) - 1,)):
+      or tuple(producer.params["broadcast_dimensions"]) != (last,)):
     return None
   return b
 
@@ -204,7 +204,7 @@ def _add_bias(uses: _Uses, z, out_aval):
   reader = uses.only_reader(z)
   if reader is None or uses.eqns[reader].primitive.name != "add":
     return None
-  bias = _bias_of(uses, reader, uses.other_operand(reader, z), out_aval)
+  bias = _bias_of(uses, uses.other_operand(reader, z), out_aval)
   return None if bias is None else (reader, uses.eqns[reader].outvars[0], bias)
 
 
@@ -255,7 +255,7 @@ def _glu(uses: _Uses, gate: int, up_dots: dict) -> Fusion | None:
     add = uses.eqns[producer]
     for dot_out, b_operand in ((add.invars[0], add.invars[1]), (add.invars[1], add.invars[0])):
       if uses.producer.get(dot_out) in up_dots:
-        up_bias = _bias_of(uses, producer, b_operand, u.aval)
+        up_bias = _bias_of(uses, b_operand, u.aval)
         if (up_bias is not None and uses.only_reader(dot_out) == producer
             and uses.only_reader(u) == mul):
           covered.append(producer)

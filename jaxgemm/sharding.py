@@ -970,16 +970,15 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
     rule = rule_of(**params)
     # The global shapes and dtypes: where the operands' shardings conflict, the plan
     # moves the fewest bytes (`plan`).
-    the_plan = plan(rule, [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)],
-                    _spec_of(first(result_shape), "the result"),
+    operand_specs = [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)]
+    the_plan = plan(rule, operand_specs, _spec_of(first(result_shape), "the result"),
                     result_shape=first(result_shape).shape, axis_sizes=dict(mesh.shape),
                     operand_types=arg_shapes, result_dtype=first(result_shape).dtype)
     factor_sizes = {f: x.shape[d] for dims, x in zip(rule.operands, arg_shapes)
                     for d, f in enumerate(dims)}
     local_params = _global_params_dropped(params)
-    ring = None if overlap is None else overlap(
-        the_plan, [_spec_of(x, f"operand {i}") for i, x in enumerate(arg_shapes)], arg_shapes,
-        dict(mesh.shape), params)
+    ring = None if overlap is None else overlap(the_plan, operand_specs, arg_shapes,
+                                                dict(mesh.shape), params)
 
     def lower_fn(*operands):   # on each device's shards
       operands = [_zero_padding(x, dims, the_plan.factor_axes, factor_sizes, dict(mesh.shape))
@@ -990,9 +989,9 @@ def make_partitionable(primitive: Primitive, rule_of: Callable[..., EinsumRule],
         return ring.run(local, operands, functools.partial(reduce_locally, the_plan))
       return reduce_locally(the_plan, local(operands))
 
-    operand_specs = the_plan.operands if ring is None else ring.operands
+    kept = the_plan.operands if ring is None else ring.operands
     return (mesh, lower_fn, result_shardings(mesh, the_plan, len(result_shape) if multiple else 1),
-            tuple(NamedSharding(mesh, s) for s in operand_specs))
+            tuple(NamedSharding(mesh, s) for s in kept))
 
   def infer_sharding_from_operands(params, mesh, arg_shapes, result_shape):   # GSPMD
     # GSPMD asks before it has propagated a sharding to every operand (one computed

@@ -8,7 +8,6 @@ the report has the suite's table and the loss plot.
 
 from __future__ import annotations
 
-import jax
 import pytest
 
 import jaxgemm

@@ -15,7 +15,8 @@ from ..report.markdown import fmt_x, table
 MODELS_NOTE = (
     "Each model is written the ordinary way (`x @ w`, `jnp.einsum`, `lax.ragged_dot`, "
     "`jax.nn.dot_product_attention`; no jaxgemm call inside). XLA's row is `jax.jit(step)` and "
-    "the others the same step with `jaxgemm.accelerate(loss, ...)` inside its gradient. All start from the same "
+    "the others the same step with `jaxgemm.accelerate(loss, ...)` inside its gradient. "
+    "All start from the same "
     "parameters and train on the same batches. Each is timed interleaved with XLA's step. "
     "`bench/models.py` says more.")
 

@@ -71,10 +71,11 @@ def matmul(a, b, *, bias=None, activation: str | None = None, residual=None, fp8
       tokens meeting W on columns; a K-sharded product into a token-sharded
       result), run the all-gather or reduce-scatter as a ring of collective
       permutes under the local GEMMs, chunk by chunk (`jaxgemm.collective_matmul`),
-      forward and backward; with an epilogue, each chunk's GEMM is one fused kernel. True: wherever such a move is; False: never (XLA's
-      collective, then one local GEMM); None: as False for now, since no ring has
-      measured faster than XLA's collectives on H100s (`jaxgemm.collective_matmul`
-      has the measurements). Not with `fp8`.
+      forward and backward; with an epilogue, each chunk is one fused kernel.
+      True: wherever such a move is; False: never (XLA's collective, then one local
+      GEMM); None: as False for now, since no ring has measured faster than XLA's
+      collectives on H100s (`jaxgemm.collective_matmul` has the measurements). Not
+      with `fp8`.
 
   Example:
     >>> import jax, jax.numpy as jnp, jaxgemm

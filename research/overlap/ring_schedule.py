@@ -1,7 +1,8 @@
 """Issue 46 probe: does XLA run a ring's collective-permute under the chunk's GEMM?
 
 The Megatron-SP MLP forward (Llama-3-8B sizes by default) on every GPU of the machine,
-jaxgemm.matmul with overlap=True and False, each compiled with a few XLA option sets;
+jaxgemm.matmul with overlap=None, False and True, the ring's compute alone and the floor,
+each compiled with the XLA option sets of OPTION_SETS;
 writes each program's scheduled HLO (the entry computation's op order) to --out and
 prints the wall time of back-to-back calls (bench/sharded.py's PipelinedWallTimer).
 
@@ -24,7 +25,7 @@ from jax.sharding import AxisType, NamedSharding
 import jaxgemm
 from jaxgemm.bench import sharded as S
 
-# At 4f0b8a3 on 2 x H100 (8B fwd) the latency-hiding scheduler's flag and a parallel
+# At f2f08dd on 2 x H100 (8B fwd) the latency-hiding scheduler's flag and a parallel
 # collective overlap limit of 2 moved nothing beyond the run-to-run spread (1.80-1.93 ms).
 OPTION_SETS = {"default": None,
                # collective-permutes between local devices by the copy engines (cudaMemcpy),
@@ -36,7 +37,9 @@ class _NoPermute:
   """The ring's compute alone: ppermute returns its operand negated (wrong results; its
   time is the ring's GEMMs, slices and sums with no communication, plus one elementwise
   pass over each chunk). Not the identity: XLA would merge the two GEMMs of one chunk
-  (at 4f0b8a3 that read 1.15 ms, below the floor's 1.46 ms)."""
+  (on 2 GPUs that read 1.15 ms, below the floor's 1.46 ms). On 4 GPUs a chunk passes
+  two permutes, whose negations XLA cancels (70B read 2.30 ms, below the floor's 2.93):
+  trust it on 2 GPUs only."""
 
   def __enter__(self):
     self.saved = jax.lax.ppermute
@@ -128,7 +131,8 @@ def main():
         permutes = compiled.as_text().count("collective-permute-start(")
         print(f"{opt_name:>10} {name:>18}: {statistics.median(times):.3f} ms "
               f"({permutes} permutes)")
-  (out / f"{args.model}.{args.form.replace('+', '-')}.times.json").write_text(json.dumps(results, indent=1))
+  times_file = out / f"{args.model}.{args.form.replace('+', '-')}.times.json"
+  times_file.write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
