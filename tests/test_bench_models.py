@@ -66,3 +66,26 @@ def test_every_gemm_of_a_step_reaches_jaxgemm_or_says_why(spec):
   assert all(g.why for g in left), [g for g in left if not g.why]
   assert all("(attention)" in g.source for g in left), [g.source for g in left]
   assert len(report) - len(left) >= (6 if spec.moe else 5) * 3 * spec.n_layers
+
+
+def test_a_row_is_timed_alone_where_xlas_step_does_not_run(tmp_path, monkeypatch):
+  """XLA's step can fail where ours runs (on an 80 GB H100, the MoE model's XLA program at
+  65536 routed rows ran out of memory): the XLA row says why, and the accelerated row is
+  still trained and timed, with no ratio."""
+  def programs(spec):
+    def broken(*args):
+      raise MemoryError("RESOURCE_EXHAUSTED: XLA's program (a test's stand-in)")
+    (ref, ref_variant, _), *ours = real_programs(spec)
+    return [(ref, ref_variant, broken), *ours]
+  real_programs = M.programs
+  monkeypatch.setattr(M, "programs", programs)
+  assert cli.main(["--suite", "models", "--only", "models.llama*", "--iters", "3",
+                   "--out", str(tmp_path), "--run-name", "xla-fails"]) == 0
+  steps = {r["backend"]: r for r in csvio.read_csv(tmp_path / "xla-fails" / "results.csv")
+           if r["kind"] == "model_step"}
+  assert steps[runner.REF]["status"] == "error"
+  assert "RESOURCE_EXHAUSTED" in steps[runner.REF]["error"]
+  ours = steps[M.ACCELERATE]
+  assert ours["status"] == "ok", ours.get("error")
+  assert float(ours["time_ms_median"]) > 0 and ours.get("speedup_vs_xla") in (None, "")
+  assert "XLA's step did not run" in ours["note"]
