@@ -402,6 +402,10 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
       seconds from the start of its first (XLA's reference, timed before, is
       not counted: XLA's compile of an FP8 dot took 9-12 s on an H100, which
       the program that uses it pays anyway; the measure probe's fp8.py at 1c9c7ee).
+      Nor are the reference's calls timed beside each candidate: where XLA's
+      program is slow (its block-scaled FP8 dot at 21-49 ms, its ragged_dot at
+      36 ms), they took the whole budget, and only one or two candidates were
+      timed (the models suite's measurement lines, H100, 2026-11-28).
       None: only `time_budget_s` bounds it.
     max_rotate: at most this many input sets rotate for a problem smaller than
       about twice the L2 (fewer compile faster; operands of the sets then may
@@ -481,10 +485,12 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     finished = True
     timed = []   # (trial, its compiled kernel) of the candidates that passed
     t_candidates = time.perf_counter()
+    reference_s = 0.0   # the reference's calls timed beside the candidates (not counted)
     for name, variant, config, why in _candidates(problem, backends, max_candidates):
       now = time.perf_counter()
       if now - t_start > time_budget_s or (
-          candidate_budget_s is not None and now - t_candidates > candidate_budget_s):
+          candidate_budget_s is not None
+          and now - t_candidates - reference_s > candidate_budget_s):
         finished = False
         break
       trial = Trial(problem, name, variant, config, "unsupported", note=why or "")
@@ -492,6 +498,8 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
       if why is None:
         kernel = _time_trial(trial, bufs, ref, compiled, timer, iters)
         report.compile_s += trial.compile_s or 0.0
+        if trial.xla_time_ms is not None:   # time_paired's calls of it, and its sizing call
+          reference_s += (iters + 1) * trial.xla_time_ms * sets / 1e3
         if kernel is not None:
           timed.append((trial, kernel))
     if not finished:
