@@ -16,6 +16,11 @@ Every GEMM a program lowers is decided on its own: the forward and each backward
 GEMM of a gradient, each with its shapes and layouts. A ragged_dot is measured on
 a representative routing (`Op.example_operands`: the rows spread over the groups).
 
+Where XLA's own program does not fit in device memory (its ragged_dot at 128 experts
+and 65536 rows takes 34 GB of dense products), there is nothing to measure against, and
+XLA is no choice: a kernel runs unmeasured (the no-measure path's if it picks one, else
+the first kernel backend's own), said in one line.
+
 Nothing is measured (the no-measure path of `jaxgemm.dispatch` decides from
 the cache, the shipped tables and the backends' rules):
 
@@ -184,6 +189,9 @@ def _xla_variant(problem: Problem) -> str:
 # (device kind, problem, backends) whose measurement failed in this process: not tried
 # again at every lowering.
 _failed: set = set()
+# (device kind, problem, backend): the kernel run where XLA's program did not fit (`_instead_of_xla`),
+# at every lowering of the problem in this process.
+_instead: dict = {}
 _measuring = threading.local()
 
 
@@ -257,14 +265,22 @@ def decide(problem: Problem, params, platform: str | None = None,
   """
   backend, variant, config = params["backend"], params["variant"], params["config"]
   s = settings()
-  if (backend == dispatch.AUTO or (variant is None and config is None)) and (
-      why_not_measured(problem, backend, platform, num_devices, s) is None):
+  kind = dispatch.device_kind(platform)
+  measurable = backend == dispatch.AUTO or (variant is None and config is None)
+  if measurable and (kind, problem, backend) in _instead:
+    return agree(_instead[kind, problem, backend], problem)
+  if measurable and why_not_measured(problem, backend, platform, num_devices, s) is None:
     t0 = time.perf_counter()
     try:
       report = measure(problem, backend, platform)
     except Exception as e:  # noqa: BLE001 (a failed measurement leaves the no-measure path)
-      kind = dispatch.device_kind(platform)
       _failed.add((kind, problem, frozenset(_backends_to_measure(problem, backend))))
+      if isinstance(e, tuning.ReferenceFailed) and e.out_of_memory:
+        choice = _instead[kind, problem, backend] = _instead_of_xla(problem, backend, variant,
+                                                                    config, platform)
+        _say(s, f"jaxgemm: XLA's program of {problem.describe()} does not fit in device "
+                f"memory; running {choice.backend}/{choice.variant} unmeasured")
+        return agree(choice, problem)
       _say(s, f"jaxgemm: measuring {problem.describe()} failed ({type(e).__name__}: "
               f"{str(e)[:200]}); deciding without a measurement")
     else:
@@ -272,6 +288,24 @@ def decide(problem: Problem, params, platform: str | None = None,
       _say(s, _measured_line(problem, report, choice, time.perf_counter() - t0))
       return agree(choice, problem)
   return agree(dispatch.choose(problem, backend, variant, config, platform=platform), problem)
+
+
+def _instead_of_xla(problem: Problem, backend: str, variant, config,
+                    platform: str | None) -> dispatch.Choice:
+  """The no-measure path's choice where it is a kernel, else the first kernel backend's
+  own: where XLA's program ran out of device memory, it is no choice (a user's program
+  has less memory free than the measurement had)."""
+  choice = dispatch.choose(problem, backend, variant, config, platform=platform)
+  if choice.backend != dispatch.FALLBACK:
+    return choice
+  for name in _backends_to_measure(problem, backend):
+    if name == dispatch.FALLBACK:
+      continue
+    try:
+      return dispatch.choose(problem, name, platform=platform)
+    except (NotImplementedError, ValueError, TypeError):
+      continue   # this backend cannot run the problem
+  return choice
 
 
 def _measured_line(problem: Problem, report: tuning.TuningReport, choice: dispatch.Choice,

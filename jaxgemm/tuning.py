@@ -140,6 +140,22 @@ def problems_in(fn: Callable, *args, backward: bool = True, **kwargs) -> list[Pr
   return [p for p in found if not p.is_empty]
 
 
+class ReferenceFailed(RuntimeError):
+  """XLA's program of a problem, every candidate's reference, could not run (e.g. out of
+  device memory: XLA lowers a ragged_dot to per-expert dense products, 34 GB at 128
+  experts and 65536 rows). `cause` is its error."""
+
+  def __init__(self, problem: Problem, cause: Exception):
+    super().__init__(f"XLA's program of {problem.describe()} could not run: "
+                     f"{type(cause).__name__}: {str(cause)[:300]}")
+    self.problem, self.cause = problem, cause
+
+  @property
+  def out_of_memory(self) -> bool:
+    text = str(self.cause)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+
+
 # ---------------------------------------------------------------- the report
 
 @dataclasses.dataclass
@@ -475,10 +491,13 @@ def autotune(fn: Callable | None = None, *args, problems: Iterable[Problem] | No
     # operands in L2 (how much it finds depends on each kernel's access order).
     sets = rotation(problem.min_bytes, l2_bytes(kind), max_rotate) if platform == "gpu" else 1
     bufs = _inputs(problem, seed + i, sets)
-    compiled, xla_ms, c_s, xla_options = _xla_reference(problem, bufs, timer, iters, platform,
-                                                        xla_programs)
-    with _owning_device(timer):
-      ref = jax.block_until_ready(compiled(*bufs))
+    try:
+      compiled, xla_ms, c_s, xla_options = _xla_reference(problem, bufs, timer, iters,
+                                                          platform, xla_programs)
+      with _owning_device(timer):
+        ref = jax.block_until_ready(compiled(*bufs))
+    except Exception as e:  # noqa: BLE001 (no reference, nothing to measure against)
+      raise ReferenceFailed(problem, e) from e
     xla_ms /= sets
     report.xla_ms[problem] = xla_ms
     report.compile_s += c_s

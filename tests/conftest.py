@@ -235,6 +235,7 @@ def fresh_measurement(tmp_path, monkeypatch):
   monkeypatch.setenv(tuning_cache.TABLES_ENV, "off")
   monkeypatch.setenv(measure.ENABLED_ENV, "on")
   monkeypatch.setattr(measure, "_failed", set())
+  monkeypatch.setattr(measure, "_instead", {})
   tuning_cache.forget()
   yield path
   tuning_cache.forget()

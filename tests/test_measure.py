@@ -172,6 +172,38 @@ def test_a_slow_reference_does_not_spend_the_budget(fresh_measurement, rng, monk
   assert not report.out_of_time
 
 
+@pytest.mark.parametrize("error, picked", [
+    ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 32.02GiB", "triton"),
+    ("INTERNAL: something else", "xla")])
+def test_where_xlas_program_does_not_fit_a_kernel_runs(fresh_measurement, rng, error, picked,
+                                                       capfd):
+  """XLA's program out of device memory (its ragged_dot's dense products, on an H100 at
+  65536 routed rows): a kernel runs, said in one line, and the program's result is right.
+  Any other failure leaves the no-measure path (XLA here, with no records)."""
+  class FailingXla(FakeTimer):
+    def time(self, f, args, iters, chunk=None):
+      if tuning.program_of(f).backend == "xla":
+        raise RuntimeError(error)
+      return super().time(f, args, iters, chunk)
+
+  a, b = operands(rng)
+  with measuring(FailingXla({"triton": 0.5}), log=True):
+    out = matmul_program()(a, b)
+  ref, bound = matmul_reference(a, b)
+  assert_gemm_close(out, ref, bound, tolerance(F32), "auto without XLA")
+  said = capfd.readouterr().err
+  if picked == "triton":
+    assert "does not fit in device memory; running triton/" in said, said
+  else:
+    assert "failed (ReferenceFailed" in said, said
+  # Decided once: the same kernel at the next lowering, not measured again.
+  problem = jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32)
+  timer = FailingXla({"triton": 0.5})
+  with measuring(timer):
+    again = measure.decide(problem, dict(backend="auto", variant=None, config=None), "cpu")
+  assert again.backend == picked and not timer.problems
+
+
 def test_at_most_the_candidates_setting_per_backend(fresh_measurement, rng):
   a, b = operands(rng, 64, 64, 64)
   report = None
