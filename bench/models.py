@@ -17,6 +17,11 @@ optimizer is Adam (bench/training.py's).
   key/value heads of 128; 128 experts of SwiGLU width 768, top-8, softmax router),
   vocabulary 32768. The token copies are sorted by expert for `lax.ragged_dot`.
 
+With 2 or more devices, the dense model also runs data x tensor parallel over all of them
+(`dp<n>xtp2`: Megatron's layout on a ("data", "model") mesh, `PARAM_SPECS`; the batch
+per data replica kept), both programs partitioned by XLA from the parameters' and the
+batch's shardings (`make gpu-bench BENCH_ARGS="--suite models"` on a 2-GPU machine).
+
 Each model runs two rows: XLA's step (`jax.jit(step)`, the `xla_dot` row) and the same step
 with its loss accelerated, `jax.value_and_grad(jaxgemm.accelerate(loss))` (backend `auto`;
 `programs` says why the loss and not the step). With `fp8`, a third row runs
@@ -42,6 +47,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxgemm
 from jaxgemm.timing import summarize, time_paired
@@ -75,6 +81,9 @@ class ModelSpec:
   steps: int = 50
   lr: float = 3e-4
   fp8: bool = True          # also run accelerate(loss, fp8="block")
+  # (data, model) mesh: the batch split on "data", Megatron's tensor parallelism on
+  # "model" (`PARAM_SPECS`); None: one device.
+  mesh_shape: tuple[int, int] | None = None
 
   @property
   def moe(self) -> bool:
@@ -96,9 +105,9 @@ class ModelSpec:
     return 3 * self.tokens * per_token
 
 
-# Not Llama-3's 128256 or Qwen3's 151936: a step's parameters and Adam state live three
-# times (the initial ones every program starts from, a step's inputs and its outputs),
-# and at 128256 the dense model's would hold 3 x 18 GB. The layers are at full width.
+# Not Llama-3's 128256 or Qwen3's 151936: timing a step holds its parameters and Adam
+# state twice (its inputs and its outputs), and at 128256 the dense model's are 18 GB
+# each. The layers are at full width.
 VOCAB = 32768
 
 SPECS = {
@@ -148,6 +157,36 @@ def init_params(spec: ModelSpec, seed: int) -> dict:
   return {"embed": 0.02 * normal((spec.vocab, d), 1.0),
           "layers": layers, "final_norm": jnp.ones((d,)),
           "head": normal((d, spec.vocab), d)}
+
+
+# Megatron's tensor-parallel layout on the mesh's "model" axis: attention heads and the
+# MLP's hidden columns split, the projections back to d_model split on their rows, the
+# logits on the vocabulary; the norms and the embedding table replicated. The moments of
+# Adam follow their parameters; the batch splits on "data".
+PARAM_SPECS = {"wq": P(None, "model", None), "wk": P(None, "model", None),
+               "wv": P(None, "model", None), "wo": P("model", None, None),
+               "w_gate": P(None, "model"), "w_up": P(None, "model"), "w_down": P("model", None),
+               "head": P(None, "model")}
+BATCH_SPEC = P("data", None)
+
+
+def data_tensor_parallel(spec: ModelSpec, devices: int) -> ModelSpec:
+  """The dense `spec` on `devices` devices: tensor parallel over 2, data parallel over the
+  rest, the batch per data replica kept (so tokens per step grow with it)."""
+  data = devices // 2
+  return dataclasses.replace(spec, name=f"{spec.name}.dp{data}xtp2",
+                             what=f"{spec.what}, data {data} x tensor 2 on {devices} devices",
+                             batch=spec.batch * data, mesh_shape=(data, 2))
+
+
+def shardings(tree, mesh, spec_of=lambda path: PARAM_SPECS):
+  """NamedShardings of a pytree of parameters (or Adam's state of them) on `mesh`: each leaf
+  by its parameter's name in PARAM_SPECS, else replicated."""
+  def one(path, leaf):
+    names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+    spec = next((PARAM_SPECS[n] for n in reversed(names) if n in PARAM_SPECS), P())
+    return NamedSharding(mesh, spec if len(spec) <= jnp.ndim(leaf) else P())
+  return jax.tree_util.tree_map_with_path(one, tree)
 
 
 def rmsnorm(x, scale):
@@ -229,10 +268,10 @@ def programs(spec: ModelSpec) -> list[tuple[str, str, Callable]]:
   return out
 
 
-def _train(step_fn: Callable, state, data) -> list[float]:
+def _train(step_fn: Callable, state, data, placement) -> list[float]:
   """`step_fn` compiled with the state donated: one copy of the parameters and Adam's
   moments on the device, not two (the MoE model's are 17 GB in float32)."""
-  params, opt = jax.device_put(state)
+  params, opt = jax.device_put(state, placement)
   train = jax.jit(step_fn, donate_argnums=(0, 1))
   losses = []
   for tokens, targets in data:
@@ -251,11 +290,20 @@ def run_model(ctx: Context, spec: ModelSpec) -> list[dict]:
   cfg = T.ModelConfig(batch=spec.batch, seq=spec.seq, d_model=spec.d_model,
                       n_heads=spec.n_heads, d_ff=spec.d_ff, n_layers=spec.n_layers,
                       vocab=spec.vocab, steps=spec.steps)
-  data = list(T.batches(cfg, ctx.seed))
   params = init_params(spec, ctx.seed)
   state = jax.device_get((params, T.adam_init(params)))
   del params
-  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (*state, *data[0]))
+  if spec.mesh_shape is None:
+    placement, data_placement = None, None
+  else:
+    # Auto axes: the model is written without shardings in its types (as ordinary code
+    # is), and the partitioner places what the parameters' and the batch's imply.
+    mesh = jax.make_mesh(spec.mesh_shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    placement, data_placement = shardings(state, mesh), NamedSharding(mesh, BATCH_SPEC)
+  data = [jax.device_put(batch, data_placement) for batch in T.batches(cfg, ctx.seed)]
+  abstract = lambda x, where=None: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where)
+  shapes = (jax.tree.map(abstract, (*state, *data[0])) if placement is None else
+            jax.tree.map(abstract, (*state, *data[0]), (*placement, *(data_placement,) * 2)))
   rows, compiled, losses = [], {}, {}
   for backend, variant, step in programs(spec):
     row = base_row(ctx, SUITE, "model_step", backend, variant)
@@ -270,7 +318,7 @@ def run_model(ctx: Context, spec: ModelSpec) -> list[dict]:
         row["mem_per_device_gb"] = (memory.argument_size_in_bytes + memory.output_size_in_bytes
                                     + memory.temp_size_in_bytes
                                     - memory.alias_size_in_bytes) / 1e9
-      losses[variant] = _train(step, state, data)
+      losses[variant] = _train(step, state, data, placement)
       row.update(status=STATUS_OK, loss_first=losses[variant][0],
                  loss_last=losses[variant][-1],
                  note="losses " + " ".join(f"{v:.4g}" for v in losses[variant]))
@@ -285,7 +333,7 @@ def run_model(ctx: Context, spec: ModelSpec) -> list[dict]:
     if row["status"] != STATUS_OK:
       continue
     if not ref_ran:   # XLA's step did not run (e.g. out of memory): this row's time alone
-      args = (*jax.device_put(state), *data[0])
+      args = (*jax.device_put(state, placement), *data[0])
       row.update(_time_fields(summarize(ctx.timer.time(compiled[row["variant"]], args,
                                                        ctx.iters)), spec),
                  note=f"XLA's step did not run ({ref.get('error', '')}); " + row["note"])
@@ -298,7 +346,7 @@ def run_model(ctx: Context, spec: ModelSpec) -> list[dict]:
       row.update(status=STATUS_FAIL, error=f"loss differs from XLA's by {max(rel):.3e} > "
                                            f"{tol:g} (relative)")
       continue
-    args = (*jax.device_put(state), *data[0])
+    args = (*jax.device_put(state, placement), *data[0])
     k_times, x_times = time_paired(ctx.timer, compiled[row["variant"]],
                                    compiled[REF_VARIANT], args, ctx.iters, chunk=1)
     del args
@@ -341,10 +389,16 @@ def _describe(row: dict) -> str:
 def run_suite(ctx: Context, suite: str, probs, backends: list[str], variants_policy,
               options: SuiteOptions) -> list[dict]:
   """Every model of SPECS (the GPU's sizes on a GPU, the tiny ones elsewhere or with
-  --quick) that --only lets run; --training-steps overrides the steps."""
+  --quick) that --only lets run, and with 2 or more devices the dense ones also data x
+  tensor parallel over all of them (`data_tensor_parallel`); --training-steps overrides
+  the steps."""
   size = "gpu" if ctx.on_gpu and not options.quick else "cpu"
+  devices = jax.device_count()
+  specs = list(SPECS[size])
+  if devices >= 2:
+    specs += [data_tensor_parallel(spec, devices) for spec in SPECS[size] if not spec.moe]
   rows = []
-  for spec in SPECS[size]:
+  for spec in specs:
     if not options.runs(spec.name):
       continue
     if options.training_steps:

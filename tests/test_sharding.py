@@ -40,17 +40,19 @@ MATMUL = sharding.EinsumRule.parse("m k, k n -> m n")
 EIGHT_DEVICE_TESTS = pathlib.Path(__file__).with_name("sharding_on_8_devices.py")
 COST_TESTS = pathlib.Path(__file__).with_name("sharding_cost_on_8_devices.py")
 RING_TESTS = pathlib.Path(__file__).with_name("collective_matmul_on_8_devices.py")
+MODEL_TESTS = pathlib.Path(__file__).with_name("models_on_8_devices.py")
 
 
 # ---------------------------------------------------------------- 8 devices
 
 
-@pytest.mark.parametrize("tests", [EIGHT_DEVICE_TESTS, COST_TESTS, RING_TESTS],
-                         ids=["rules", "cost", "rings"])
+@pytest.mark.parametrize("tests", [EIGHT_DEVICE_TESTS, COST_TESTS, RING_TESTS, MODEL_TESTS],
+                         ids=["rules", "cost", "rings", "models"])
 def test_on_8_host_devices(tests):
   """Runs a file of 8-device tests (the rules' `tests/sharding_on_8_devices.py`, the
   cost-decided MLPs' `tests/sharding_cost_on_8_devices.py`, the collective matmuls'
-  `tests/collective_matmul_on_8_devices.py`) with 8 host CPU devices, in
+  `tests/collective_matmul_on_8_devices.py`, the models suite's data x tensor parallel
+  rows' `tests/models_on_8_devices.py`) with 8 host CPU devices, in
   its own process (XLA_FLAGS is read once, when jax starts), with this session's seed."""
   env = dict(os.environ, JAXGEMM_TEST_SEED=str(SESSION_SEED), TF_CPP_MIN_LOG_LEVEL="2",
              XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS"),
