@@ -55,6 +55,7 @@ from jaxgemm.timing import summarize, time_paired
 from . import training as T
 from .runner import (REF, REF_VARIANT, STATUS_ERROR, STATUS_FAIL, STATUS_OK, Context,
                      SuiteOptions, base_row, short_error)
+from .sharded import PipelinedWallTimer
 
 SUITE = "models"
 ACCELERATE = "accelerate"
@@ -304,11 +305,14 @@ def run_model(ctx: Context, spec: ModelSpec) -> list[dict]:
   abstract = lambda x, where=None: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where)
   shapes = (jax.tree.map(abstract, (*state, *data[0])) if placement is None else
             jax.tree.map(abstract, (*state, *data[0]), (*placement, *(data_placement,) * 2)))
+  # Over several devices, the wall clock of back-to-back steps (the sharded suite's
+  # reasons: no one kernel time, the collectives inside the step).
+  timer = ctx.timer if spec.mesh_shape is None else PipelinedWallTimer()
   rows, compiled, losses = [], {}, {}
   for backend, variant, step in programs(spec):
     row = base_row(ctx, SUITE, "model_step", backend, variant)
     row.update(problem=spec.name, problem_note=spec.what, flops=spec.flops,
-               tokens_per_step=spec.tokens, steps=spec.steps)
+               tokens_per_step=spec.tokens, steps=spec.steps, timer=timer.label)
     try:
       t0 = time.perf_counter()
       compiled[variant] = jax.jit(step).lower(*shapes).compile()
@@ -334,7 +338,7 @@ def run_model(ctx: Context, spec: ModelSpec) -> list[dict]:
       continue
     if not ref_ran:   # XLA's step did not run (e.g. out of memory): this row's time alone
       args = (*jax.device_put(state, placement), *data[0])
-      row.update(_time_fields(summarize(ctx.timer.time(compiled[row["variant"]], args,
+      row.update(_time_fields(summarize(timer.time(compiled[row["variant"]], args,
                                                        ctx.iters)), spec),
                  note=f"XLA's step did not run ({ref.get('error', '')}); " + row["note"])
       del args
@@ -347,7 +351,7 @@ def run_model(ctx: Context, spec: ModelSpec) -> list[dict]:
                                            f"{tol:g} (relative)")
       continue
     args = (*jax.device_put(state, placement), *data[0])
-    k_times, x_times = time_paired(ctx.timer, compiled[row["variant"]],
+    k_times, x_times = time_paired(timer, compiled[row["variant"]],
                                    compiled[REF_VARIANT], args, ctx.iters, chunk=1)
     del args
     ref_times += x_times
