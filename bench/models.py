@@ -180,7 +180,7 @@ def data_tensor_parallel(spec: ModelSpec, devices: int) -> ModelSpec:
                              batch=spec.batch * data, mesh_shape=(data, 2))
 
 
-def shardings(tree, mesh, spec_of=lambda path: PARAM_SPECS):
+def shardings(tree, mesh):
   """NamedShardings of a pytree of parameters (or Adam's state of them) on `mesh`: each leaf
   by its parameter's name in PARAM_SPECS, else replicated."""
   def one(path, leaf):
