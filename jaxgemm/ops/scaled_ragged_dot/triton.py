@@ -140,6 +140,8 @@ class TritonScaledRaggedDot(registry.Backend):
     what = f"backend='triton' variant={variant!r} (scaled_ragged_dot)"
     if variant not in self.variants:
       raise ValueError(f"unknown variant={variant!r} for {what}; valid: {list(self.variants)}")
+    if problem.ragged_contracting:
+      raise NotImplementedError(f"{what} has no ragged-K kernel yet: backend='xla' runs it")
     check_fp8_operands(what, lhs=problem.dtype, rhs=problem.rhs_dtype)
     if not isinstance(config, ScaledRaggedDotTritonConfig):
       raise TypeError(f"{what} takes a ScaledRaggedDotTritonConfig; got "
