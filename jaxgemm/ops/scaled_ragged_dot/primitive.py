@@ -40,7 +40,7 @@ from jaxgemm.ops.ragged_dot.primitive import example_group_sizes
 # Block scales on a split K or N: the device's own blocks, as scaled_matmul_p slices them.
 from jaxgemm.ops.scaled_matmul.primitive import _local_blocks
 from jaxgemm.ops.scaled_ragged_dot.problem import (OUT_DTYPES, RAGGED_K_SCALE_KINDS, SCALE_KINDS,
-                                                   ScaledRaggedDotProblem)
+                                                   ScaledRaggedDotProblem, blocks)
 
 scaled_ragged_dot_p = Primitive("jaxgemm_scaled_ragged_dot")
 
@@ -200,8 +200,8 @@ def sharding_rule(*, scale_kind, ragged_contracting=False, **_) -> sharding.Eins
   The ragged-K form is ragged_dot_p's ``"b m k, b m n, b t g -> b g k n"`` (m sharded:
   each device sums its own rows, then one psum; g sharded: each device its own
   experts' blocks) with its block scales' ``"b mb k"`` and ``"b mb n"``: K and N
-  sharded with their operands, the token blocks `mb` whole (`_local_call` slices a
-  device's own).
+  sharded with their operands, the token blocks `mb` whole (`_local_call` takes a
+  device's own, `_on_the_global_grid`).
 
   >>> str(sharding_rule(scale_kind="block"))
   'b m k, b g k n, b t g, b m kb, b g kb nb -> b m n'
@@ -224,18 +224,28 @@ def sharding_rule(*, scale_kind, ragged_contracting=False, **_) -> sharding.Eins
                                    replicated=("t", "kb", "nb"))
 
 
-def _local_ragged_k_blocks(scale, rows: int, row_axes):
-  """The 128-token scale blocks of this device's `rows` rows (the ragged-K form with M
-  sharded). Its local 128-row grid must be the global one's: whole blocks per device."""
-  if not row_axes:
-    return scale
-  if rows % BLOCK:
-    raise ValueError(
-        f"jaxgemm.scaled_ragged_dot (ragged-K) with block scales: the tokens M are sharded "
-        f"over mesh axes {row_axes} into {rows} per device, not a multiple of {BLOCK}, so a "
-        f"device's rows do not start on a 128-token scale block. Shard M into multiples of "
-        f"{BLOCK} per device, or keep it whole.")
-  return _local_blocks(scale, 1, rows, "M", row_axes)
+def _on_the_global_grid(lhs, rhs, bounds, lhs_scale, rhs_scale, first_row, row_axes):
+  """A device's share of the ragged-K form with block scales (M sharded over `row_axes`,
+  its rows from `first_row`), laid out so that its 128-row grid is the global one.
+
+  Its rows are whole scale blocks (rows % 128 == 0): its own blocks of the scales
+  (scaled_matmul's `_local_blocks`). Otherwise (a device's rows start inside a block) its
+  rows are placed at first_row % 128 in 128 more zero rows (in no group: the bounds move
+  with them) and the scales sliced from block first_row // 128: the same sums, each of
+  the device's rows times its global block's scales, for 128 zero rows a device."""
+  rows = lhs.shape[1]
+  if rows % BLOCK == 0:
+    return (lhs, rhs, bounds, _local_blocks(lhs_scale, 1, rows, "M", row_axes),
+            _local_blocks(rhs_scale, 1, rows, "M", row_axes))
+  offset = first_row % BLOCK
+  place = lambda x: lax.dynamic_update_slice_in_dim(
+      jnp.zeros((x.shape[0], rows + BLOCK, x.shape[2]), x.dtype), x, offset, axis=1)
+  count = blocks(rows + BLOCK)
+  mine = lambda s: lax.dynamic_slice_in_dim(
+      jnp.pad(s, [(0, 0), (0, count), (0, 0)], constant_values=1), first_row // BLOCK, count,
+      axis=1)
+  return (place(lhs), place(rhs), (bounds + offset).astype(jnp.int32), mine(lhs_scale),
+          mine(rhs_scale))
 
 
 def _local_call(bind_local, operands, params, plan: sharding.Plan):
@@ -249,9 +259,9 @@ def _local_call(bind_local, operands, params, plan: sharding.Plan):
     first_row = lax.axis_index(row_axes if len(row_axes) > 1 else row_axes[0]) * rows
     bounds = jnp.clip(bounds - first_row, 0, rows).astype(jnp.int32)
   if params["scale_kind"] == "block" and params.get("ragged_contracting"):
-    rows = lhs.shape[1]
-    lhs_scale = _local_ragged_k_blocks(lhs_scale, rows, row_axes)
-    rhs_scale = _local_ragged_k_blocks(rhs_scale, rows, row_axes)
+    if row_axes:
+      lhs, rhs, bounds, lhs_scale, rhs_scale = _on_the_global_grid(
+          lhs, rhs, bounds, lhs_scale, rhs_scale, first_row, row_axes)
   elif params["scale_kind"] == "block":
     k, n = lhs.shape[2], rhs.shape[3]
     k_axes = plan.factor_axes.get("k", ())
