@@ -401,6 +401,10 @@ def _ragged_k_bad_calls():
       ("numbers", lambda: jaxgemm.scaled_ragged_dot(a, b, sizes, sa, sb,
                                                    ragged_dot_dimension_numbers=numbers),
        ValueError, r"ragged_dot_dimension_numbers=.* is not one of its forms.*RAGGED_K_NUMBERS"),
+      ("numbers-tuple", lambda: jaxgemm.scaled_ragged_dot(
+          a, b, sizes, sa, sb, ragged_dot_dimension_numbers=((([0], [0]), ([], [])), [0], [])),
+       TypeError, r"ragged_dot_dimension_numbers must be None or a "
+                  r"lax.RaggedDotDimensionNumbers.*got tuple"),
       ("lhs-bf16", lambda: ragged_k(a.astype(jnp.bfloat16), b, sizes, sa, sb), TypeError,
        r"lhs must be fp8.*lhs.dtype=bfloat16"),
       ("rhs-3d", lambda: ragged_k(a, b[None], sizes, sa, sb), TypeError,

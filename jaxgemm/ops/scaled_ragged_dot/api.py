@@ -161,6 +161,11 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=
   """
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
   numbers = ragged_dot_dimension_numbers
+  if numbers is not None and not isinstance(numbers, lax.RaggedDotDimensionNumbers):
+    raise TypeError(f"scaled_ragged_dot's ragged_dot_dimension_numbers must be None or a "
+                    f"lax.RaggedDotDimensionNumbers, e.g. RAGGED_K_NUMBERS = "
+                    f"{RAGGED_K_NUMBERS} (the ragged-K form); got {type(numbers).__name__} "
+                    f"{numbers!r}")
   if numbers is None or numbers == RAGGED_DOT_NUMBERS:
     pass
   elif numbers == RAGGED_K_NUMBERS:
