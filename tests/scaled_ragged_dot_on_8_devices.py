@@ -22,7 +22,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import jaxgemm
 from jaxgemm import sharding
 from gemm_testing import as_f64, assert_gemm_close
-from test_scaled_ragged_dot import XLA_ACC, OUT_STEP, case_operands, reference
+from test_scaled_ragged_dot import (XLA_ACC, OUT_STEP, RAGGED_K, case_operands,
+                                    ragged_k_operands, ragged_k_reference, reference)
 
 if jax.device_count() < 8:
   pytest.skip(f"needs 8 devices, has {jax.devices()}: run through "
@@ -148,4 +149,47 @@ def test_the_fp8_training_path_partitions(layout, fp8):
     # the shards' partial sums add in another order: bf16's rounding, norm-wise
     err = np.linalg.norm(as_f64(g) - as_f64(v)) / np.linalg.norm(as_f64(v))
     assert err <= 2.0**-8, (what, err)
+  assert not float_gathers(compiled.as_text()), float_gathers(compiled.as_text())
+
+
+# The ragged-K form (lhs (M, K), rhs (M, N), scales of 128 tokens): (lhs spec, rhs spec,
+# the sizes' spec, mesh, M). Tokens sharded into 48 rows a device (devices 2 and 5 hold
+# rows across a 128-row block's edge: each device's rows placed on the global grid) and
+# into 128 (whole blocks);
+# experts sharded (each device its own groups' blocks of the result); K and N split.
+RAGGED_K_LAYOUTS = {
+    "tokens-in-blocks": (P("d", None), P("d", None), P(None), ((8,), ("d",)), 384),
+    "tokens-whole-blocks": (P("d", None), P("d", None), P(None), ((8,), ("d",)), 1024),
+    "experts": (P(None, None), P(None, None), P("d"), ((8,), ("d",)), 64),
+    "k-and-n": (P(None, "x"), P(None, "y"), P(None), ((2, 4), ("x", "y")), 64),
+}
+
+
+# Block scales on every layout; per tensor (scales not sharded) on one.
+RAGGED_K_CASES = [(layout, "block") for layout in RAGGED_K_LAYOUTS] + [
+    ("tokens-in-blocks", "tensor")]
+
+
+@pytest.mark.parametrize("layout, kind", [pytest.param(*c, id="-".join(c))
+                                          for c in RAGGED_K_CASES])
+def test_the_ragged_k_form_partitions(layout, kind):
+  """Each layout against float64 of the dequantized operands, with no operand gathered;
+  the groups straddle 128-row blocks where M > 64 (the sizes scaled, then moved off the
+  block edges)."""
+  lhs_spec, rhs_spec, sizes_spec, (shape, names), m = RAGGED_K_LAYOUTS[layout]
+  sizes = SIZES * (m // M) + np.array([5, -5, 3, 0, -3, 1, 0, -1]) * (m > M)
+  mesh = _mesh(shape, names)
+  block = "128x1" if kind == "block" else "tensor"
+  (a, b, sa, sb), (a64, b64) = ragged_k_operands(np.random.default_rng(2), block, block,
+                                                 m=m, k=K, n=N)
+  scale_specs = ((P(None, lhs_spec[1]), P(None, rhs_spec[1])) if kind == "block"
+                 else (P(), P()))
+  placed = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(
+      (a, b, jnp.asarray(sizes, jnp.int32), sa, sb),
+      (lhs_spec, rhs_spec, sizes_spec, *scale_specs))]
+  fn = lambda *x: jaxgemm.scaled_ragged_dot(*x, out_dtype=F32, backend="xla",
+                                            ragged_dot_dimension_numbers=RAGGED_K)
+  compiled = jax.jit(fn).lower(*placed).compile()
+  out = compiled(*placed)
+  assert_gemm_close(out, *ragged_k_reference(a64, b64, sizes), TOL, f"{layout} {kind}")
   assert not float_gathers(compiled.as_text()), float_gathers(compiled.as_text())

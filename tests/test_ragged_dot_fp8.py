@@ -4,11 +4,12 @@ The forward and the dgrad are FP8 grouped GEMMs (`scaled_ragged_dot`): each is c
 against the float64 product of its operands as the recipe quantizes them
 (`jaxgemm.quantize`, with the blocks the recipe names; W's per expert), at
 test_scaled_ragged_dot's tolerance for the backend, which checks the wiring (which
-operand, which blocks, which transpose, which scale). The weight gradient runs on the
-bf16 grouped kernels from the saved X and the incoming dY, checked against their float64
-product at a bf16 GEMM's tolerance. Against the unquantized float64 products the error is
-the quantization's: QUANT_TOL, test_fp8_training's (e4m3 about 0.037 relative Frobenius
-for a product of two quantized operands, e5m2 x e4m3 about 0.058, allowed 1.5x).
+operand, which blocks, which transpose, which scale). So is the weight gradient, the
+ragged-K form of `scaled_ragged_dot` on X and dY quantized along the tokens (the recipe's
+"x_wgrad" and "dy_wgrad" blocks: 128x1 and 128x128, per tensor the forward's X8 and the
+dgrad's dY8). Against the unquantized float64 products the error is the quantization's:
+QUANT_TOL, test_fp8_training's (e4m3 about 0.037 relative Frobenius for a product of two
+quantized operands, e5m2 x e4m3 about 0.058, allowed 1.5x).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import pytest
 
 import jaxgemm
 from gemm_testing import as_f64, assert_gemm_close
-from gemm_testing import tolerance as gemm_tolerance
 from jaxgemm.ops.scaled_matmul.training import Fp8Recipe
 from test_fp8_training import QUANT_TOL, rel_err
-from test_scaled_ragged_dot import ACC_TOL, OUT_STEP, XLA_ACC, expand, reference
+from test_scaled_ragged_dot import (ACC_TOL, OUT_STEP, XLA_ACC, expand, ragged_k_reference,
+                                    reference)
 
 pytestmark = pytest.mark.op("scaled_ragged_dot")
 
@@ -43,8 +44,9 @@ def inputs(rng, dtype=BF16, m=M):
 
 
 def quantized(recipe, a, role):
-  """The float64 values of `a` as the recipe quantizes operand `role` ("x", "w", "dy")."""
-  dtype = recipe.grad_dtype if role == "dy" else recipe.dtype
+  """The float64 values of `a` as the recipe quantizes operand `role` ("x", "w", "dy",
+  "x_wgrad", "dy_wgrad")."""
+  dtype = recipe.grad_dtype if role.startswith("dy") else recipe.dtype
   block = recipe.blocks(role)
   q, s = jaxgemm.quantize(a, dtype, block, scale_dtype=recipe.scale_dtype)
   return as_f64(q) * expand(s.astype(F32), q.shape, block)
@@ -68,19 +70,52 @@ def test_forward_dgrad_wgrad_are_the_recipes_gemms(fp8, backend, rng):
   assert_gemm_close(y, *reference(x64, w64, SIZES), fp8_tolerance(backend), "forward")
   assert_gemm_close(dx, *reference(dy64, w64.transpose(0, 2, 1), SIZES),
                     fp8_tolerance(backend), "dgrad")
-  # The weight gradient: each expert's rows of X^T @ dY, in bf16 (rows past the groups
-  # and the empty expert's give zeros).
-  xf, wf, dyf = as_f64(x), as_f64(w), as_f64(dy)
-  ends = np.cumsum(SIZES)
-  want = np.stack([xf[e - s:e].T @ dyf[e - s:e] for s, e in zip(SIZES, ends)])
-  bound = np.stack([np.abs(xf[e - s:e]).T @ np.abs(dyf[e - s:e]) for s, e in zip(SIZES, ends)])
+  # The weight gradient: each expert's rows of X'^T @ dY', X and dY quantized along the
+  # tokens as the recipe's wgrad blocks say (rows past the groups and the empty expert's
+  # give zeros).
+  xw64, dyw64 = quantized(recipe, x, "x_wgrad"), quantized(recipe, dy, "dy_wgrad")
   live = np.array(SIZES) > 0
-  assert_gemm_close(dw[live], want[live], bound[live], gemm_tolerance(BF16), "wgrad")
+  want, bound = ragged_k_reference(xw64, dyw64, SIZES)
+  assert_gemm_close(dw[live], want[live], bound[live], fp8_tolerance(backend), "wgrad")
   assert not np.any(as_f64(dw[~live])), "an empty expert's gradient is zero"
   # And near the unquantized products, within the quantization's error.
+  xf, wf, dyf = as_f64(x), as_f64(w), as_f64(dy)
   assert rel_err(y, reference(xf, wf, SIZES)[0]) < QUANT_TOL[recipe.dtype]
   assert rel_err(dx, reference(dyf, wf.transpose(0, 2, 1), SIZES)[0]) < QUANT_TOL[
       recipe.grad_dtype]
+  assert rel_err(dw[live], ragged_k_reference(xf, dyf, SIZES)[0][live]) < QUANT_TOL[
+      recipe.grad_dtype]
+
+
+@pytest.mark.parametrize("fp8", ["tensor", "block"])
+def test_the_weight_gradient_is_the_fp8_ragged_k_gemm(fp8, rng):
+  """jax.grad's program runs three FP8 grouped GEMMs, the wgrad the ragged-K form (no bf16
+  ragged_dot left), and its dW is the bf16 gradient's within FP8's error.
+
+  The bound: dW = X^T dY per expert with both operands quantized (e4m3 for both in the
+  block recipe, e5m2 dY per tensor): the relative Frobenius error of such a product is
+  the quantization's, QUANT_TOL (test_fp8_training's, 1.5x the e4m3 x e4m3 0.037 and
+  e5m2 x e4m3 0.058 it measures); the bf16 gradient it is compared with is itself off
+  from float64 by a bf16 GEMM's rounding (2**-8 of |X|^T |dY| at most per element),
+  which the bound absorbs (< 0.004 against 0.055)."""
+  x, w, dy = inputs(rng)
+  recipe = Fp8Recipe.named(fp8)
+  sizes = jnp.array(SIZES)
+  loss = lambda w, fp8: jnp.vdot(
+      jaxgemm.ragged_dot(x, w, sizes, fp8=fp8).astype(F32), dy.astype(F32))
+  dw8 = jax.jit(jax.grad(loss), static_argnums=1)(w, fp8)
+  dw16 = jax.jit(jax.grad(loss), static_argnums=1)(w, None)
+  live = np.array(SIZES) > 0
+  assert dw8.dtype == BF16
+  assert rel_err(dw8[live], as_f64(dw16[live])) < QUANT_TOL[recipe.grad_dtype]
+  assert not np.any(as_f64(dw8[~live]))
+  found = jaxgemm.problems_in(jax.grad(lambda w: loss(w, fp8)), w)
+  assert sorted((p.op, p.mode) for p in found) == [
+      ("scaled_ragged_dot", "ragged-K"), ("scaled_ragged_dot", "ragged-M"),
+      ("scaled_ragged_dot", "ragged-M")], found
+  wgrad = next(p for p in found if p.ragged_contracting)
+  assert (wgrad.groups, wgrad.m, wgrad.k, wgrad.n, wgrad.scale_kind) == (
+      len(SIZES), M, K, N, recipe.scaling)
 
 
 def test_each_vmapped_entry_quantizes_alone(rng):

@@ -36,6 +36,7 @@ import jaxgemm
 from conftest import SESSION_SEED
 from gemm_testing import as_f64, assert_gemm_close
 from jaxgemm import registry
+from jaxgemm.ops.scaled_ragged_dot.api import RAGGED_K_NUMBERS as RAGGED_K
 
 pytestmark = pytest.mark.op("scaled_ragged_dot")
 
@@ -279,6 +280,173 @@ def test_bad_inputs_name_the_argument(bad):
   _, call, error, match = bad
   with pytest.raises(error, match=match):
     call()
+
+
+# ---------------------------------------------------------------- the ragged-K form
+#
+# The weight gradient, out[g] = A[rows g]^T @ B[rows g] with A (M, K), B (M, N): the
+# contraction is the tokens, scaled per tensor or in blocks of 128 tokens ((128, 1) or
+# (128, 128), quantize's), on the global 128-row grid. The same tolerances: the xla
+# backend's fp32 sums run over the group's rows, at most M <= 512 here (so the
+# gamma_M bound of XLA_ACC holds as for K above), promoted per 128-row block with the
+# scales' two fp32 multiplies; the kernel's partial sums are fp32 as well.
+
+# Groups across the 128-row blocks (rows 100-136 and 138-257 each straddle a block
+# edge; rows 128-136 share a block with rows 100-127 of the same group and with group
+# 3's one row), empty groups first, in the middle and last, and rows 258-299 in none.
+RAGGED_K_SIZES = (0, 100, 37, 1, 0, 120, 0)
+RK_M, RK_K, RK_N = 300, 136, 72   # K and N not multiples of 128 or of the tiles
+RK_BLOCKS = {"tensor": None, "128x1": (128, 1), "128x128": (128, 128)}
+
+
+def ragged_k_reference(a64, b64, sizes):
+  """(out, |a|^T @ |b|) in float64, (G, K, N): each group's rows (sizes clamped to M)."""
+  m = a64.shape[0]
+  ends = np.minimum(np.cumsum(np.maximum(np.asarray(sizes), 0)), m)
+  starts = np.concatenate([[0], ends[:-1]])
+  shape = (len(sizes), a64.shape[1], b64.shape[1])
+  out, bound = np.zeros(shape), np.zeros(shape)
+  for g, (s, e) in enumerate(zip(starts, ends)):
+    out[g], bound[g] = a64[s:e].T @ b64[s:e], np.abs(a64[s:e]).T @ np.abs(b64[s:e])
+  return out, bound
+
+
+def ragged_k_operands(rng, lhs_kind, rhs_kind, lhs_dtype=E4M3, rhs_dtype=E5M2, *, m=RK_M,
+                      k=RK_K, n=RK_N, scale_dtype=F32):
+  a, sa, a64 = operand(rng, (m, k), lhs_dtype, RK_BLOCKS[lhs_kind], scale_dtype)
+  b, sb, b64 = operand(rng, (m, n), rhs_dtype, RK_BLOCKS[rhs_kind], scale_dtype)
+  return (a, b, sa, sb), (a64, b64)
+
+
+def ragged_k(a, b, sizes, sa, sb, **kw):
+  return jaxgemm.scaled_ragged_dot(a, b, sizes, sa, sb, ragged_dot_dimension_numbers=RAGGED_K,
+                                   **kw)
+
+RK_CASES = [("128x1", "128x1", E4M3, E5M2, BF16), ("128x1", "128x128", E5M2, E4M3, BF16),
+            ("128x128", "128x1", E4M3, E4M3, F16), ("128x128", "128x128", E4M3, E5M2, F32),
+            ("tensor", "tensor", E4M3, E5M2, BF16), ("tensor", "128x1", E5M2, E5M2, F32),
+            ("128x1", "tensor", E4M3, E4M3, BF16)]
+
+
+@pytest.mark.cases([pytest.param(c, id=f"{c[0]}-{c[1]}-{c[2].name}-{c[3].name}-{c[4].name}")
+                    for c in RK_CASES])
+def test_ragged_k_scale_kinds_dtypes_and_out_dtypes(kernel, case, rng):
+  """The ragged-K form against float64 of the dequantized operands: per-tensor and 128-token
+  block scales (128x1 and 128x128, mixed), e4m3 x e5m2 pairings, each out dtype; groups
+  straddling 128-row blocks, empty groups, rows in no group."""
+  ka, kb, da, db, out_dtype = case
+  (a, b, sa, sb), (a64, b64) = ragged_k_operands(rng, ka, kb, da, db)
+  out = ragged_k(a, b, jnp.array(RAGGED_K_SIZES), sa, sb, out_dtype=out_dtype, **kernel.kw)
+  assert out.shape == (len(RAGGED_K_SIZES), RK_K, RK_N)
+  ref, bound = ragged_k_reference(a64, b64, RAGGED_K_SIZES)
+  check(out, ref, bound, out_dtype, kernel, str(case))
+  empty = np.array(RAGGED_K_SIZES) == 0
+  assert not np.any(as_f64(out)[empty]), "an empty group's result is zeros"
+
+
+def test_ragged_k_power_of_two_scales(kernel, rng):
+  (a, b, sa, sb), (a64, b64) = ragged_k_operands(rng, "128x1", "128x128", scale_dtype=E8M0)
+  assert sa.dtype == sb.dtype == E8M0
+  out = ragged_k(a, b, jnp.array(RAGGED_K_SIZES), sa, sb, out_dtype=F32, **kernel.kw)
+  check(out, *ragged_k_reference(a64, b64, RAGGED_K_SIZES), F32, kernel)
+
+
+RK_ROUTINGS = [
+    pytest.param((0, 0, 0, 0, 0, 0, 300), id="all-in-the-last"),
+    pytest.param((127, 2, 127, 2, 1, 40, 1), id="each-block-edge"),
+    pytest.param((5, 0, 0, 0, 0, 0, 0), id="sum-far-below-M"),
+    pytest.param((200, 200, 5, 0, 0, 0, 0), id="sum-past-M"),   # clamped to M, as lax's
+    pytest.param((0,) * 7, id="all-empty"),
+]
+
+
+@pytest.mark.parametrize("kind", ["tensor", "128x1"])
+def test_ragged_k_routings_under_jit_without_recompiling(kernel, kind, rng):
+  (a, b, sa, sb), (a64, b64) = ragged_k_operands(rng, kind, kind)
+  traces = []
+
+  @jax.jit
+  def fn(a, b, sizes, sa, sb):
+    traces.append(1)
+    return ragged_k(a, b, sizes, sa, sb, out_dtype=F32, **kernel.kw)
+
+  for routing in RK_ROUTINGS:
+    sizes = routing.values[0]
+    out = fn(a, b, jnp.asarray(sizes, jnp.int32), sa, sb)
+    check(out, *ragged_k_reference(a64, b64, sizes), F32, kernel, routing.id)
+  assert len(traces) == 1
+
+
+@pytest.mark.parametrize("kind", ["128x1", "tensor"])
+def test_ragged_k_vmap_over_a_leading_batch(kernel, kind, rng):
+  """vmap folds the batch into the primitive's B, each entry its own routing and scales
+  (mapped per-tensor scales become 128-token blocks in the rule)."""
+  batch, m, k, n = 3, 160, 40, 24
+  sizes = np.array([[0, 100, 50], [130, 0, 1], [3, 3, 3]], np.int32)
+  parts = [ragged_k_operands(rng, kind, kind, m=m, k=k, n=n) for _ in range(batch)]
+  stack = lambda i: jnp.stack([p[0][i] for p in parts])
+  fn = jax.vmap(lambda *x: ragged_k(*x, out_dtype=F32, **kernel.kw))
+  out = jax.jit(fn)(stack(0), stack(1), jnp.asarray(sizes), stack(2), stack(3))
+  assert out.shape == (batch, 3, k, n)
+  for i in range(batch):
+    check(out[i], *ragged_k_reference(*parts[i][1], sizes[i]), F32, kernel, f"entry {i}")
+
+
+def _ragged_k_bad_calls():
+  rng = np.random.default_rng(0)
+  (a, b, sa, sb), _ = ragged_k_operands(rng, "128x1", "128x128", m=200, k=136, n=72)
+  sizes = jnp.array([100, 50], jnp.int32)
+  numbers = jax.lax.RaggedDotDimensionNumbers((([1], [1]), ([], [])), [0], [])
+  return [
+      ("numbers", lambda: jaxgemm.scaled_ragged_dot(a, b, sizes, sa, sb,
+                                                   ragged_dot_dimension_numbers=numbers),
+       ValueError, r"ragged_dot_dimension_numbers=.* is not one of its forms.*RAGGED_K_NUMBERS"),
+      ("numbers-tuple", lambda: jaxgemm.scaled_ragged_dot(
+          a, b, sizes, sa, sb, ragged_dot_dimension_numbers=((([0], [0]), ([], [])), [0], [])),
+       TypeError, r"ragged_dot_dimension_numbers must be None or a "
+                  r"lax.RaggedDotDimensionNumbers.*got tuple"),
+      ("lhs-bf16", lambda: ragged_k(a.astype(jnp.bfloat16), b, sizes, sa, sb), TypeError,
+       r"lhs must be fp8.*lhs.dtype=bfloat16"),
+      ("rhs-3d", lambda: ragged_k(a, b[None], sizes, sa, sb), TypeError,
+       r"rhs must be 2-D \(M, N\) in the ragged-K form"),
+      ("m-differs", lambda: ragged_k(a, b[:128], sizes, sa, sb[:1]), TypeError,
+       r"contracting dimensions differ \(ragged-K\).*M=200.*M=128"),
+      ("sizes-float", lambda: ragged_k(a, b, sizes.astype(jnp.float32), sa, sb), TypeError,
+       r"group_sizes must have an integer dtype.*float32"),
+      ("sizes-2d", lambda: ragged_k(a, b, sizes[None], sa, sb), TypeError,
+       r"group_sizes.shape=\(1, 2\) must be \(G,\)"),
+      ("out-int8", lambda: ragged_k(a, b, sizes, sa, sb, out_dtype=jnp.int8), TypeError,
+       r"out_dtype must be one of"),
+      ("lhs-scale-per-token", lambda: ragged_k(a, b, sizes, jnp.ones((200, 1)), sb),
+       ValueError, r"lhs_scale has shape \(200, 1\); valid: \(\) per tensor; \(2, 136\) "
+                   r"128x1 blocks.*\(2, 2\) 128x128 blocks"),
+      ("rhs-scale-shape", lambda: ragged_k(a, b, sizes, sa, sb.T), ValueError,
+       r"rhs_scale has shape \(1, 2\); valid: \(\) per tensor; \(2, 72\) 128x1.*"
+       r"\(2, 1\) 128x128"),
+      ("scale-dtype", lambda: ragged_k(a, b, sizes, sa.astype(jnp.bfloat16), sb), TypeError,
+       r"lhs_scale must be one of \['float32', 'float8_e8m0fnu'\].*bfloat16"),
+  ]
+
+
+@pytest.mark.parametrize("bad", [pytest.param(b, id=b[0]) for b in _ragged_k_bad_calls()])
+def test_ragged_k_bad_inputs_name_the_argument(bad):
+  _, call, error, match = bad
+  with pytest.raises(error, match=match):
+    call()
+
+
+def test_ragged_k_problem_is_found_in_a_program(rng):
+  (a, b, sa, sb), _ = ragged_k_operands(rng, "128x1", "128x128")
+  found = jaxgemm.problems_in(lambda *x: ragged_k(*x), a, b, jnp.array(RAGGED_K_SIZES), sa, sb)
+  assert [(p.op, p.mode, p.scale_kind, p.groups, p.m, p.k, p.n) for p in found] == [
+      ("scaled_ragged_dot", "ragged-K", "block", 7, RK_M, RK_K, RK_N)]
+  problem = found[0]
+  assert problem.out_shape == (1, 7, RK_K, RK_N)
+  assert (problem.lhs_scale_shape, problem.rhs_scale_shape) == ((1, 3, RK_K), (1, 3, RK_N))
+  op = registry.get_op("scaled_ragged_dot")
+  operands = op.example_operands(problem, jax.random.key(0))
+  out = op.call(problem, *operands, backend="xla", variant=None, config=None)
+  assert out.shape == problem.out_shape and np.all(np.isfinite(as_f64(out)))
 
 
 # ---------------------------------------------------------------- the op's record

@@ -181,3 +181,80 @@ def test_sm90_ptx_of_the_heuristic_launch(shape, persistent, monkeypatch):
   per_thread = config.block_m * config.block_n // (32 * config.num_warps)
   promotions = len(re.findall(r"\bfma\.rn\.f32", ptx))
   assert promotions >= per_thread, f"{promotions} fp32 fma for {per_thread} elements"
+
+
+# ---------------------------------------------------------------- the ragged-K kernel
+#
+# The weight gradient, out[g] = lhs[rows g]^T @ rhs[rows g] (`scaled_ragged_k_kernel`):
+# tests/test_scaled_ragged_dot.py checks its contract through the op (every scale
+# layout, routings, jit, vmap); here what the op's heuristic config does not reach.
+
+
+def _ragged_k_problem(groups, m, k, n, kind="block", **kw):
+  return dataclasses.replace(_problem(groups, m, k, n, kind, **kw), ragged_contracting=True)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "block"])
+def test_ragged_k_steps_inside_scale_blocks_and_rows_in_no_group_unread(kind, rng):
+  """16x32 output tiles (several along K = 40 and N = 72, partial), 32-row steps (four
+  a 128-row scale block), groups starting and ending inside blocks, a device's share
+  (rows before the first group), an empty group in the middle; the rows in no group
+  hold NaN and are never read (their loads are masked)."""
+  problem = _ragged_k_problem(4, 300, 40, 72, kind, rows_before_groups=True)
+  starts, ends = [7, 100, 140, 140], [100, 140, 140, 290]
+  blocks = {"tensor": None, "block": (128, 1)}[kind]
+  a, sa, a64 = operand(rng, (problem.m, problem.k), problem.dtype, blocks)
+  b, sb, b64 = operand(rng, (problem.m, problem.n), problem.rhs_dtype, blocks)
+  outside = np.ones(problem.m, bool)
+  outside[7:290] = False
+  nan_rows = lambda x: jnp.where(outside[:, None], jnp.nan, x.astype(F32)).astype(x.dtype)
+  a, b = nan_rows(a), nan_rows(b)
+  bounds = jnp.asarray(np.stack([starts, ends])[None], jnp.int32)
+  BACKEND.check(problem, "grouped", SMALL)
+  canonical = lambda s: s if kind == "tensor" else s[None]
+  out = jax.jit(BACKEND.impl(problem, "grouped", SMALL, "cpu"))(
+      a[None], b[None], bounds, canonical(sa), canonical(sb))
+  assert out.shape == problem.out_shape == (1, 4, 40, 72)
+  ref, bound = np.zeros(problem.out_shape), np.zeros(problem.out_shape)
+  for g, (s, e) in enumerate(zip(starts, ends)):
+    ref[0, g], bound[0, g] = a64[s:e].T @ b64[s:e], np.abs(a64[s:e]).T @ np.abs(b64[s:e])
+  assert_gemm_close(out, ref, bound, OUT_STEP[F32] + ACC_TOL, problem.describe())
+  assert not np.any(as_f64(out)[0, 2]), "the empty group's block is zeros"
+
+
+def test_ragged_k_check_names_the_field():
+  problem = _ragged_k_problem(8, 4096, 1024, 512)
+  BACKEND.check(problem, "grouped", SMALL)
+  for field in ("rhs_k_major", "persistent"):
+    with pytest.raises(ValueError, match=rf"ragged-K kernel takes {field}=False.*"
+                                         rf"got {field}=True"):
+      BACKEND.check(problem, "grouped", dataclasses.replace(SMALL, **{field: True}))
+  with pytest.raises(ValueError, match=r"config.block_k=16 must be one of \[32, 64, 128\]"):
+    BACKEND.check(problem, "grouped", dataclasses.replace(SMALL, block_k=16))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "G{}-M{}-K{}-N{}".format(*s))
+def test_ragged_k_tuning_candidates_pass_check(shape):
+  problem = _ragged_k_problem(*shape)
+  candidates = BACKEND.tuning_candidates(problem)
+  assert candidates[0] == ("grouped", BACKEND.default_config(problem, "grouped"))
+  assert len(set(candidates)) == len(candidates) >= 1
+  for variant, config in candidates:
+    BACKEND.check(problem, variant, config)
+    assert not config.rhs_k_major and not config.persistent
+
+
+def test_sm90_ptx_of_the_ragged_k_launch(monkeypatch):
+  """The ragged-K heuristic launch (block scales, G=128 M=16384 K=2048 N=768) compiles for
+  sm_90 to f16 wgmma (both tiles are MN-major: the module docstring) with one fp32 fma
+  per accumulator element per 128 rows, the promotion."""
+  import re  # noqa: PLC0415
+  from test_triton_ptx import compile_like_jax_triton  # noqa: PLC0415
+  problem = _ragged_k_problem(*SHAPES[0])
+  config = BACKEND.default_config(problem, "grouped")
+  ptx = compile_like_jax_triton(grouped.ragged_k_launch(problem, config, "cuda"),
+                                [E4M3, E5M2, np.int32, F32, F32], monkeypatch)
+  assert "wgmma.mma_async.sync.aligned" in ptx and ".f32.f16.f16" in ptx
+  per_thread = config.block_m * config.block_n // (32 * config.num_warps)
+  promotions = len(re.findall(r"\bfma\.rn\.f32", ptx))
+  assert promotions >= per_thread, f"{promotions} fp32 fma for {per_thread} elements"

@@ -1,7 +1,8 @@
 """The FP8 grouped GEMM: `scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale)`
 over one primitive, `scaled_ragged_dot_p`.
 
-    api.py        scaled_ragged_dot (the public function: checks, scale kinds)
+    api.py        scaled_ragged_dot (the public function: checks, scale kinds; its
+                  ragged-K form, the weight gradient, with RAGGED_K_NUMBERS)
     problem.py    ScaledRaggedDotProblem: one scaled_ragged_dot_p call (fp8 dtypes,
                   scale kind)
     primitive.py  scaled_ragged_dot_p and its rules: abstract eval, lowering through
@@ -14,12 +15,15 @@ over one primitive, `scaled_ragged_dot_p`.
                   scaled_ragged_dot/), ragged_dot's device-side schedule with
                   scaled_matmul's K loop (partial sums promoted every 128 of K)
     training.py   the FP8 grouped training path, `jaxgemm.ragged_dot(..., fp8=)`
-                  (the router sends it here): forward and dgrad on this op
+                  (the router sends it here): forward, dgrad and wgrad (the
+                  ragged-K form) on this op
 
 Scale kinds, as `jaxgemm.quantize` returns them (G a batch dimension of rhs, so
 the blocks are per expert): per tensor (() and ()), per row of lhs and column of
 each expert ((M, 1), (G, 1, N)), and blocks (1x128 of lhs, (M, ceil(K/128));
-128x128 of each expert, (G, ceil(K/128), ceil(N/128))).
+128x128 of each expert, (G, ceil(K/128), ceil(N/128))). The ragged-K form (lhs (M, K),
+rhs (M, N), out (G, K, N)) takes per-tensor scales or blocks of 128 tokens
+((ceil(M/128), K) and (ceil(M/128), N), or 128x128).
 
 Differentiation: none (the JVP rule raises, as scaled_matmul's does); FP8 grouped
 GEMMs train through `jaxgemm.ragged_dot(..., fp8=)` (training.py). Kernels register

@@ -11,18 +11,46 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jaxgemm import gemm, ragged_schedule
 from jaxgemm.config import KernelConfig
-from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPE, SCALE_DTYPES
+from jaxgemm.gemm import BLOCK, FP8_DTYPES, SCALE_DTYPE, SCALE_DTYPES
+from jaxgemm.ops.ragged_dot.api import RAGGED_DOT_NUMBERS
 from jaxgemm.ops.scaled_ragged_dot.primitive import bind
 from jaxgemm.ops.scaled_ragged_dot.problem import OUT_DTYPES, ScaledRaggedDotProblem, blocks
 
 _RANK = {"tensor": 0, "row_col": 1, "block": 2}
 
+# The ragged-K form's dimension numbers (`ragged_dot_general`'s weight gradient): lhs
+# (M, K) ragged in M, M contracted with rhs (M, N), out (G, K, N).
+RAGGED_K_NUMBERS = lax.RaggedDotDimensionNumbers(
+    dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
+    rhs_group_dimensions=[])
+
 
 def _names(dtypes) -> list[str]:
   return [np.dtype(d).name for d in dtypes]
+
+
+def _out_dtype(out_dtype) -> np.dtype:
+  try:
+    out_dtype = np.dtype(out_dtype)
+  except TypeError:
+    out_dtype = None
+  if out_dtype not in OUT_DTYPES:
+    raise TypeError(f"scaled_ragged_dot's out_dtype must be one of {_names(OUT_DTYPES)}; "
+                    f"got out_dtype={out_dtype}")
+  return out_dtype
+
+
+def _check_group_sizes(group_sizes, groups: int, what: str) -> None:
+  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+    raise TypeError(f"scaled_ragged_dot's group_sizes must have an integer dtype; got "
+                    f"group_sizes.dtype={group_sizes.dtype}")
+  if tuple(group_sizes.shape) != (groups,):
+    raise TypeError(f"scaled_ragged_dot's group_sizes.shape={group_sizes.shape} must be "
+                    f"({groups},), {what}")
 
 
 def _check_operand(x, name: str, ndim: int, shape: str) -> None:
@@ -53,6 +81,7 @@ def _scale_kind(scale, name: str, kinds: dict[str, tuple[tuple[int, ...], str]])
 
 
 def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=jnp.bfloat16,
+                      ragged_dot_dimension_numbers: lax.RaggedDotDimensionNumbers | None = None,
                       backend: str = "auto", variant: str | None = None,
                       config: KernelConfig | None = None) -> jax.Array:
   """An FP8 grouped GEMM: `lax.ragged_dot(lhs * lhs_scale, rhs * rhs_scale, group_sizes)`
@@ -89,6 +118,22 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=
       block scales), or one of `jaxgemm.backends("scaled_ragged_dot")`.
     variant, config: a kernel of the backend and its config; None picks them.
 
+  The ragged-K form (a mixture-of-experts weight gradient, as `ragged_dot_general`'s),
+  with ``ragged_dot_dimension_numbers=RAGGED_K_NUMBERS`` (lax's numbers contracting
+  lhs (M, K) ragged in M with rhs (M, N)): ``out[g] = (lhs * lhs_scale)[rows of g]^T
+  @ (rhs * rhs_scale)[rows of g]``, out (G, K, N), an empty group's zeros; both
+  operands fp8 with their rows in the groups, the scales per tensor (()) or in blocks
+  of 128 tokens along the contracted M, as `jaxgemm.quantize` returns them:
+
+      lhs_scale   (ceil(M/128), K)   quantize(lhs, block=(128, 1))
+                  (ceil(M/128), ceil(K/128))   quantize(lhs, block=(128, 128))
+      rhs_scale   (ceil(M/128), N)   quantize(rhs, block=(128, 1))
+                  (ceil(M/128), ceil(N/128))   quantize(rhs, block=(128, 128))
+
+  (any pairing, a per-tensor scale with blocks too). The blocks lie on the global
+  128-row grid, whatever the groups: partial sums are promoted to fp32 per 128-row
+  block, each group summing its own rows of the blocks it touches.
+
   Not differentiable (`jax.grad` raises NotImplementedError): FP8 grouped GEMMs are
   trained through the bf16 values, quantized on the fly, with
   `jaxgemm.ragged_dot(x, w, group_sizes, fp8=...)`. It composes with jit and vmap,
@@ -104,8 +149,33 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=
     ...                               out_dtype=jnp.float32)   # rows 0-1, 2-4; row 5 zero
     >>> [round(v, 3) for v in y[:, 0].tolist()]
     [128.0, 128.0, 256.0, 256.0, 256.0, 0.0]
+
+  The ragged-K form, per group X[rows g]^T @ dY[rows g] (row 5 in no group):
+    >>> from jaxgemm.ops.scaled_ragged_dot.api import RAGGED_K_NUMBERS
+    >>> dy8, sdy = jaxgemm.quantize(jnp.ones((6, 8)), block=(128, 1))    # (1, 8)
+    >>> x8, sx = jaxgemm.quantize(x, block=(128, 1))                    # (1, 256)
+    >>> dw = jaxgemm.scaled_ragged_dot(x8, dy8, jnp.array([2, 3]), sx, sdy,
+    ...                                ragged_dot_dimension_numbers=RAGGED_K_NUMBERS)
+    >>> dw.shape, dw[:, 0, 0].tolist()
+    ((2, 256, 8), [2.0, 3.0])
   """
   lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+  numbers = ragged_dot_dimension_numbers
+  if numbers is not None and not isinstance(numbers, lax.RaggedDotDimensionNumbers):
+    raise TypeError(f"scaled_ragged_dot's ragged_dot_dimension_numbers must be None or a "
+                    f"lax.RaggedDotDimensionNumbers, e.g. RAGGED_K_NUMBERS = "
+                    f"{RAGGED_K_NUMBERS} (the ragged-K form); got {type(numbers).__name__} "
+                    f"{numbers!r}")
+  if numbers is None or numbers == RAGGED_DOT_NUMBERS:
+    pass
+  elif numbers == RAGGED_K_NUMBERS:
+    return _ragged_k(lhs, rhs, group_sizes, lhs_scale, rhs_scale, out_dtype, backend,
+                     variant, config)
+  else:
+    raise ValueError(f"scaled_ragged_dot's ragged_dot_dimension_numbers={numbers!r} is not "
+                     f"one of its forms: None or {RAGGED_DOT_NUMBERS} (ragged-M, "
+                     f"lax.ragged_dot's), or {RAGGED_K_NUMBERS} (ragged-K, the weight "
+                     f"gradient: RAGGED_K_NUMBERS)")
   _check_operand(lhs, "lhs", 2, "(M, K)")
   _check_operand(rhs, "rhs", 3, "(G, K, N)")
   m, k = lhs.shape
@@ -113,19 +183,8 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=
   if k != k_rhs:
     raise TypeError(f"scaled_ragged_dot's contracting dimensions differ: lhs.shape={lhs.shape} "
                     f"has K={k}, rhs.shape={rhs.shape} has K={k_rhs}")
-  if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
-    raise TypeError(f"scaled_ragged_dot's group_sizes must have an integer dtype; got "
-                    f"group_sizes.dtype={group_sizes.dtype}")
-  if tuple(group_sizes.shape) != (groups,):
-    raise TypeError(f"scaled_ragged_dot's group_sizes.shape={group_sizes.shape} must be "
-                    f"({groups},), one size per expert of rhs")
-  try:
-    out_dtype = np.dtype(out_dtype)
-  except TypeError:
-    out_dtype = None
-  if out_dtype not in OUT_DTYPES:
-    raise TypeError(f"scaled_ragged_dot's out_dtype must be one of {_names(OUT_DTYPES)}; "
-                    f"got out_dtype={out_dtype}")
+  _check_group_sizes(group_sizes, groups, "one size per expert of rhs")
+  out_dtype = _out_dtype(out_dtype)
   kb, nb = blocks(k), blocks(n)
   lhs_kind, lhs_scale = _scale_kind(lhs_scale, "lhs_scale", {
       "row_col": ((m, 1), "per row (quantize(lhs, block=(1, None)))"),
@@ -159,4 +218,51 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=
   out = bind(lhs[None], rhs[None], ragged_schedule.group_bounds(group_sizes[None], m),
              lhs_scale.astype(scale_dtype), rhs_scale.astype(scale_dtype),
              out_dtype=out_dtype, scale_kind=kind, **params)
+  return out[0]
+
+
+def _ragged_k(lhs, rhs, group_sizes, lhs_scale, rhs_scale, out_dtype, backend, variant, config):
+  """The ragged-K form (`scaled_ragged_dot`'s docstring): checked, its scales brought to the
+  canonical kind (blocks of 128 tokens broadcast over their 128 columns where quantized
+  128x128; a per-tensor scale beside blocks broadcast to them), bound."""
+  _check_operand(lhs, "lhs", 2, "(M, K) in the ragged-K form")
+  _check_operand(rhs, "rhs", 2, "(M, N) in the ragged-K form")
+  m, k = lhs.shape
+  m_rhs, n = rhs.shape
+  if m != m_rhs:
+    raise TypeError(f"scaled_ragged_dot's contracting dimensions differ (ragged-K): "
+                    f"lhs.shape={lhs.shape} has M={m}, rhs.shape={rhs.shape} has M={m_rhs}")
+  if group_sizes.ndim != 1:
+    raise TypeError(f"scaled_ragged_dot's group_sizes.shape={group_sizes.shape} must be "
+                    f"(G,) in the ragged-K form")
+  groups = group_sizes.shape[0]
+  _check_group_sizes(group_sizes, groups, "one size per group")
+  out_dtype = _out_dtype(out_dtype)
+  mb = blocks(m)
+  scales = []
+  for name, scale, cols, col in (("lhs_scale", lhs_scale, k, "K"),
+                                 ("rhs_scale", rhs_scale, n, "N")):
+    kind, scale = _scale_kind(scale, name, {
+        "block": ((mb, cols), f"128x1 blocks: 128 tokens of each of the {col} columns "
+                              f"(quantize({name[:3]}, block=(128, 1)))"),
+        "tile": ((mb, blocks(cols)), f"128x128 blocks (quantize({name[:3]}, "
+                                     f"block=(128, 128)))")})
+    if kind == "tile":   # each block's scale over its 128 columns: the canonical 128x1
+      scale = jnp.repeat(scale, BLOCK, axis=1, total_repeat_length=blocks(cols) * BLOCK
+                         )[:, :cols]
+    scales.append((kind, scale))
+  (lhs_kind, lhs_scale), (rhs_kind, rhs_scale) = scales
+  kind = "tensor" if lhs_kind == rhs_kind == "tensor" else "block"
+  scale_dtype = (np.dtype(lhs_scale.dtype) if lhs_scale.dtype == rhs_scale.dtype
+                 else SCALE_DTYPE)
+  if kind == "block":   # a per-tensor scale beside blocks: broadcast (a few floats)
+    lhs_scale = jnp.broadcast_to(lhs_scale, (mb, k))[None]
+    rhs_scale = jnp.broadcast_to(rhs_scale, (mb, n))[None]
+  problem = ScaledRaggedDotProblem(1, groups, m, k, n, np.dtype(lhs.dtype), out_dtype,
+                                   np.dtype(rhs.dtype), kind, scale_dtype,
+                                   ragged_contracting=True)
+  params = gemm.kernel_params(problem, backend, variant, config, None)
+  out = bind(lhs[None], rhs[None], ragged_schedule.group_bounds(group_sizes[None], m),
+             lhs_scale.astype(scale_dtype), rhs_scale.astype(scale_dtype),
+             out_dtype=out_dtype, scale_kind=kind, ragged_contracting=True, **params)
   return out[0]

@@ -14,7 +14,11 @@ from jaxgemm.ops.base import Problem
 # scaled_matmul's: the same FP8 formats, per expert.
 from jaxgemm.ops.scaled_matmul.problem import OUT_DTYPES, SCALE_KINDS, blocks
 
-__all__ = ["OUT_DTYPES", "SCALE_KINDS", "ScaledRaggedDotProblem", "blocks"]
+__all__ = ["OUT_DTYPES", "RAGGED_K_SCALE_KINDS", "SCALE_KINDS", "ScaledRaggedDotProblem",
+           "blocks"]
+
+# The ragged-K form's scale kinds: its contraction is the tokens, so no per-row scale.
+RAGGED_K_SCALE_KINDS = ("tensor", "block")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +39,21 @@ class ScaledRaggedDotProblem(Problem):
   "block" is the DeepSeek-V3 recipe per expert: 1x128 blocks of the tokens and
   128x128 blocks of each expert's weight; the product is a sum over 128-wide K
   blocks of fp32 partial products, each times its blocks' scales.
+
+  `ragged_contracting=True` is the ragged-K form, the weight gradient (as
+  `RaggedDotProblem`'s): lhs (B, M, K) and rhs (B, M, N), both fp8 with their rows in
+  the groups, out (B, G, K, N) with out[b, g] = (lhs * lhs_scale)[b, rows of g]^T @
+  (rhs * rhs_scale)[b, rows of g]; an empty group's block is zeros. The contraction is
+  the tokens M, so the scales are per tensor or in blocks of 128 tokens (DeepSeek-V3's
+  wgrad operands, quantize(x, block=(128, 1))):
+
+      scale_kind   lhs_scale                  rhs_scale
+      "tensor"     ()                         ()
+      "block"      (B, ceil(M/128), K)        (B, ceil(M/128), N)
+
+  The blocks lie on the global 128-row grid, not on the groups: a block may hold the
+  end of one group and the start of the next, and each group's sum runs over the
+  128-row blocks its rows touch, promoted to fp32 with the block's scales.
 
   >>> import numpy as np, jax.numpy as jnp
   >>> p = ScaledRaggedDotProblem(1, 8, 4096, 1024, 512, np.dtype(jnp.float8_e4m3fn),
@@ -58,6 +77,7 @@ class ScaledRaggedDotProblem(Problem):
   # One device's share of a sharded call: its first group may start past row 0
   # (as RaggedDotProblem's; XLA's ragged_dot needs its groups moved to row 0).
   rows_before_groups: bool = False
+  ragged_contracting: bool = False   # the ragged-K form (the class docstring)
 
   def __post_init__(self):
     if self.rhs_dtype is None:
@@ -67,6 +87,9 @@ class ScaledRaggedDotProblem(Problem):
     if np.dtype(self.scale_dtype) not in SCALE_DTYPES:
       raise ValueError(f"scale_dtype={self.scale_dtype!r} must be one of "
                        f"{[d.name for d in SCALE_DTYPES]}")
+    if self.ragged_contracting and self.scale_kind not in RAGGED_K_SCALE_KINDS:
+      raise ValueError(f"scale_kind={self.scale_kind!r} of the ragged-K form must be one of "
+                       f"{RAGGED_K_SCALE_KINDS} (its contraction is the tokens)")
     for name in ("dtype", "rhs_dtype", "out_dtype", "scale_dtype"):
       object.__setattr__(self, name, np.dtype(getattr(self, name)))
 
@@ -84,11 +107,21 @@ class ScaledRaggedDotProblem(Problem):
     return blocks(self.n)
 
   @property
+  def m_blocks(self) -> int:
+    return blocks(self.m)
+
+  @property
+  def mode(self) -> str:
+    return "ragged-K" if self.ragged_contracting else "ragged-M"
+
+  @property
   def lhs_shape(self) -> tuple[int, int, int]:
     return (self.batch, self.m, self.k)
 
   @property
-  def rhs_shape(self) -> tuple[int, int, int, int]:
+  def rhs_shape(self) -> tuple[int, ...]:
+    if self.ragged_contracting:
+      return (self.batch, self.m, self.n)
     return (self.batch, self.groups, self.k, self.n)
 
   @property
@@ -97,16 +130,22 @@ class ScaledRaggedDotProblem(Problem):
 
   @property
   def lhs_scale_shape(self) -> tuple[int, ...]:
+    if self.ragged_contracting:
+      return {"tensor": (), "block": (self.batch, self.m_blocks, self.k)}[self.scale_kind]
     return {"tensor": (), "row_col": (self.batch, self.m, 1),
             "block": (self.batch, self.m, self.k_blocks)}[self.scale_kind]
 
   @property
   def rhs_scale_shape(self) -> tuple[int, ...]:
+    if self.ragged_contracting:
+      return {"tensor": (), "block": (self.batch, self.m_blocks, self.n)}[self.scale_kind]
     return {"tensor": (), "row_col": (self.batch, self.groups, 1, self.n),
             "block": (self.batch, self.groups, self.k_blocks, self.n_blocks)}[self.scale_kind]
 
   @property
-  def out_shape(self) -> tuple[int, int, int]:
+  def out_shape(self) -> tuple[int, ...]:
+    if self.ragged_contracting:
+      return (self.batch, self.groups, self.k, self.n)
     return (self.batch, self.m, self.n)
 
   @property
@@ -120,10 +159,10 @@ class ScaledRaggedDotProblem(Problem):
 
   @property
   def min_bytes(self) -> int:
-    elems_in = self.batch * self.m * self.k + self.batch * self.groups * self.k * self.n
+    elems_in = math.prod(self.lhs_shape) + math.prod(self.rhs_shape)
     scales = math.prod(self.lhs_scale_shape) + math.prod(self.rhs_scale_shape)
     return (elems_in + self.scale_dtype.itemsize * scales
-            + self.batch * self.m * self.n * self.out_dtype.itemsize)
+            + math.prod(self.out_shape) * self.out_dtype.itemsize)
 
   @property
   def aligned(self) -> bool:
@@ -136,9 +175,15 @@ class ScaledRaggedDotProblem(Problem):
 
   def cache_fields(self) -> tuple[str, ...]:
     dtypes = f"{self.dtype.name}x{self.rhs_dtype.name}->{self.out_dtype.name}"
-    return (dtypes, self.scale_kind + (" pow2" if self.pow2_scales else ""))
+    # The ragged-M keys as they were (recorded tunings keep their keys).
+    return (dtypes, self.scale_kind + (" pow2" if self.pow2_scales else ""),
+            *(("ragged-K",) if self.ragged_contracting else ()))
 
   def describe(self) -> str:
+    if self.ragged_contracting:
+      return (f"{self.batch}x({self.m}x{self.k}^T @ {self.m}x{self.n}) ragged-K "
+              f"{self.dtype.name} x {self.rhs_dtype.name}->{self.out_dtype.name} "
+              f"{self.scale_kind} scales")
     return (f"{self.batch}x({self.m}x{self.k} @ {self.groups}x{self.k}x{self.n}) "
             f"{self.dtype.name} x {self.rhs_dtype.name}->{self.out_dtype.name} "
             f"{self.scale_kind} scales")

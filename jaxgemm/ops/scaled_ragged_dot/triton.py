@@ -14,8 +14,9 @@ other kinds' scales in the epilogue). With g the group of row r:
 
 These are the xla backend's semantics (its `scaled_grouped_product`): rows in no group are
 zeros, an empty expert's weights and scales are never read. Every scale kind of
-`ScaledRaggedDotProblem` and any pairing of e4m3 and e5m2 operands; ragged-M (the
-problem has no ragged-K form). On the CPU the same kernel source runs in Triton's
+`ScaledRaggedDotProblem` and any pairing of e4m3 and e5m2 operands, ragged-M and
+ragged-K (the weight gradient: `scaled_ragged_k_kernel`, its tiles multiplied in
+float16, on a grid of work items only). On the CPU the same kernel source runs in Triton's
 interpreter, which decodes fp8 exactly.
 
 The weights' layout (`config.rhs_k_major`): FP8 wgmma reads its shared-memory
@@ -110,11 +111,27 @@ class TritonScaledRaggedDot(registry.Backend):
         block_k=pow2_at_least(problem.k, BLOCK_K_CHOICES[0], block_k),
         group_m=8, num_warps=num_warps, num_stages=num_stages, rhs_k_major=rhs_k_major)
 
+  @staticmethod
+  def _ragged_k_config(problem: ScaledRaggedDotProblem, tile):
+    """The ragged-K kernel's tile (block_m along K, block_k rows a step) clamped to the
+    problem: block_m from 16 by K (64 from 64 up), block_n from 16 by N, block_k from 32
+    up to 128 by the rows per group."""
+    block_m, block_n, block_k, num_warps, num_stages = tile
+    rows = max(1, problem.m // max(1, problem.groups))
+    return ScaledRaggedDotTritonConfig(
+        block_m=pow2_at_least(problem.k, 64 if problem.k >= 64 else 16, block_m),
+        block_n=pow2_at_least(problem.n, 16, block_n),
+        block_k=pow2_at_least(rows, BLOCK_K_CHOICES[0], block_k),
+        group_m=8, num_warps=num_warps, num_stages=num_stages)
+
   def default_config(self, problem: ScaledRaggedDotProblem,
                      variant: str) -> ScaledRaggedDotTritonConfig:
     """scaled_matmul's 128x128x128 tile (64 rows where experts average fewer than
     SMALL_GROUP_ROWS rows), clamped to the problem, fitted to shared memory; the
-    experts transposed first where `_transposes_rhs` (module docstring)."""
+    experts transposed first where `_transposes_rhs` (module docstring). Ragged-K: the
+    128x128 output tile (K x N) over 128-row steps, clamped (not measured yet)."""
+    if problem.ragged_contracting:
+      return self._within_smem(self._ragged_k_config(problem, _TILES[0]))
     tile = _TILES[1] if self._rows_per_group(problem) < SMALL_GROUP_ROWS else _TILES[0]
     return self._within_smem(self._config(problem, tile, self._transposes_rhs(problem)))
 
@@ -124,6 +141,12 @@ class TritonScaledRaggedDot(registry.Backend):
     place and transposed, each on a grid of work items and persistent (clamped, fitted,
     without repeats)."""
     out = [("grouped", self.default_config(problem, "grouped"))]
+    if problem.ragged_contracting:   # no transposed weights, no persistent form
+      for tile in _TILES:
+        candidate = ("grouped", self._within_smem(self._ragged_k_config(problem, tile)))
+        if candidate not in out:
+          out.append(candidate)
+      return out
     for tile in _TILES:
       for rhs_k_major in (False, True):
         config = self._within_smem(self._config(problem, tile, rhs_k_major))
@@ -140,6 +163,12 @@ class TritonScaledRaggedDot(registry.Backend):
     what = f"backend='triton' variant={variant!r} (scaled_ragged_dot)"
     if variant not in self.variants:
       raise ValueError(f"unknown variant={variant!r} for {what}; valid: {list(self.variants)}")
+    if problem.ragged_contracting:
+      for field in ("rhs_k_major", "persistent"):
+        if getattr(config, field):
+          raise ValueError(f"{what}: the ragged-K kernel takes {field}=False (it has no "
+                           f"experts' weights to transpose and no persistent form); got "
+                           f"{field}=True")
     check_fp8_operands(what, lhs=problem.dtype, rhs=problem.rhs_dtype)
     if not isinstance(config, ScaledRaggedDotTritonConfig):
       raise TypeError(f"{what} takes a ScaledRaggedDotTritonConfig; got "

@@ -27,6 +27,16 @@ where it can), and the block loop holds one 128-wide K slice of them at a time, 
 fp32 accumulator and the rows' scales, (B, M, N) each. Nothing is dequantized to a
 full fp32 copy of the weights.
 
+The ragged-K form (the weight gradient: out[g] = lhs[rows g]^T @ rhs[rows g], the
+tokens contracted) is ragged_dot's ragged-K program the same way: per tensor, one
+grouped GEMM over all the rows times the two scalars; with blocks of 128 tokens, a
+sum over the 128-row blocks of the global grid (M zero-padded to whole blocks), each
+block's grouped GEMM on its 128 rows with the groups' bounds clipped to them (a block
+may hold the end of one group and the start of the next: each gets its own rows),
+times the block's scales ``lhs_scale[mb, k] * rhs_scale[mb, n]``. A group's term of
+a block it has no rows in is zero whatever the scales hold, so an empty group's
+result is zeros.
+
 Rows in no group (past the sum of the sizes; on one device of a sharded call, the
 other devices' rows) are zeros, whatever the scales hold. As with `ragged_dot`'s
 xla backend, `lax.ragged_dot` may spread a NaN or Inf from an empty expert's
@@ -66,6 +76,46 @@ def _grouped_gemm(problem: ScaledRaggedDotProblem, k: int, platform: str):
                            F32, rows_before_groups=problem.rows_before_groups)
   backend = registry.get_backend("xla", plain.op)
   return backend.impl(plain, backend.variants[-1], None, platform)
+
+
+def _grouped_gemm_k(problem: ScaledRaggedDotProblem, m: int, platform: str):
+  """ragged_dot's xla ragged-K program for bf16 (B, m, K) x (B, m, N) -> fp32 (B, G, K, N)."""
+  plain = RaggedDotProblem(problem.batch, problem.groups, m, problem.k, problem.n, BF16, F32,
+                           F32, ragged_contracting=True, rows_before_groups=True)
+  backend = registry.get_backend("xla", plain.op)
+  return backend.impl(plain, backend.variants[-1], None, platform)
+
+
+def ragged_k_product(problem: ScaledRaggedDotProblem, lhs, rhs, group_bounds, lhs_scale,
+                     rhs_scale, platform: str = "cpu"):
+  """The ragged-K problem's (B, G, K, N) result from canonical operands (module docstring)."""
+  lhs_scale, rhs_scale = lhs_scale.astype(F32), rhs_scale.astype(F32)
+  starts, ends = group_bounds[:, 0], group_bounds[:, 1]                 # (B, G) each
+  live = lambda first, last: ((starts < last) & (ends > first) & (ends > starts)
+                              )[:, :, None, None]
+  if problem.scale_kind == "tensor":
+    acc = _grouped_gemm_k(problem, problem.m, platform)(
+        lhs.astype(BF16), rhs.astype(BF16), group_bounds) * (lhs_scale * rhs_scale)
+    acc = jnp.where(live(0, problem.m), acc, 0)
+  else:
+    mb, pad = problem.m_blocks, problem.m_blocks * BLOCK - problem.m
+    if pad:   # zero rows add nothing, and are in no group
+      lhs = jnp.pad(lhs, [(0, 0), (0, pad), (0, 0)])
+      rhs = jnp.pad(rhs, [(0, 0), (0, pad), (0, 0)])
+    gemm = _grouped_gemm_k(problem, BLOCK, platform)
+
+    def step(i, acc):
+      first = i * BLOCK
+      lhs_i = lax.dynamic_slice_in_dim(lhs, first, BLOCK, axis=1).astype(BF16)
+      rhs_i = lax.dynamic_slice_in_dim(rhs, first, BLOCK, axis=1).astype(BF16)
+      bounds_i = jnp.clip(group_bounds - first, 0, BLOCK).astype(jnp.int32)
+      lhs_s = lax.dynamic_index_in_dim(lhs_scale, i, axis=1, keepdims=False)   # (B, K)
+      rhs_s = lax.dynamic_index_in_dim(rhs_scale, i, axis=1, keepdims=False)   # (B, N)
+      term = gemm(lhs_i, rhs_i, bounds_i) * (lhs_s[:, None, :, None] * rhs_s[:, None, None, :])
+      return acc + jnp.where(live(first, first + BLOCK), term, 0)
+
+    acc = lax.fori_loop(0, mb, step, jnp.zeros(problem.out_shape, F32))
+  return acc.astype(problem.out_dtype)
 
 
 def group_of_rows(group_bounds, m: int):
@@ -142,6 +192,9 @@ class XlaScaledRaggedDot(registry.Backend):
     return XlaScaledRaggedDotConfig()
 
   def impl(self, problem: ScaledRaggedDotProblem, variant: str, config, platform: str):
+    if problem.ragged_contracting:
+      return lambda lhs, rhs, group_bounds, lhs_scale, rhs_scale: ragged_k_product(
+          problem, lhs, rhs, group_bounds, lhs_scale, rhs_scale, platform)
     return lambda lhs, rhs, group_bounds, lhs_scale, rhs_scale: scaled_grouped_product(
         problem, lhs, rhs, group_bounds, lhs_scale, rhs_scale, platform)
 

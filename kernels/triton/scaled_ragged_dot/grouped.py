@@ -19,6 +19,22 @@ about 14 bits while it accumulates).
 `scaled_ragged_m_persistent_kernel` walks the same items on one program per SM, as
 ragged_dot's `ragged_m_persistent_kernel` does.
 
+`scaled_ragged_k_kernel` is the ragged-K form (the weight gradient, out[b, g] =
+lhs[b, rows g]^T @ rhs[b, rows g], (K, N) per group), ragged_dot's `ragged_k_kernel`
+with the promotion: each program reads its group's [start, end) from the (B, 2, G)
+bounds and walks its rows on the global 128-row grid of the scale blocks, from
+floor(start / 128) * 128 to end, rows outside [start, end) masked to zeros (a block
+may hold the end of one group and the start of the next), so every 128-row step has
+one scale block per column:
+
+    acc += partial * lhs_scale[mb, k][:, None] * rhs_scale[mb, n][None, :]    "block"
+
+Both of its operand tiles are read MN-major (lhs (M, K) transposed through its
+strides, rhs (M, N) as stored: the contraction is their rows), which FP8 wgmma does not
+take, so its tiles are multiplied in float16 (exact). Taking the operands K-major
+(quantize_pair's transposed outputs, X^T (K, M) and dY^T (N, M)) for fp8 math is the
+faster form still to come.
+
 rhs is read through strides: (K, N) as stored (the canonical (B, G, K, N)), or
 (N, K) after a transpose (`rhs_k_major`). FP8 wgmma reads its shared-memory
 operands K-major only, so an rhs read (K, N) is multiplied in float16 (exact for
@@ -36,7 +52,7 @@ import triton.language as tl
 from jaxgemm import ragged_schedule as schedule
 from jaxgemm import triton_call
 from jaxgemm.kernels.triton.common import grouped_tile, tile_ptrs
-from jaxgemm.kernels.triton.ragged_dot.grouped import (ROW_ALIGN, _ragged_m_store,
+from jaxgemm.kernels.triton.ragged_dot.grouped import (ROW_ALIGN, _ptrs, _ragged_m_store,
                                                        needs_index_64, num_sms)
 from jaxgemm.kernels.triton.scaled_matmul import scaled, transpose
 
@@ -190,6 +206,77 @@ def scaled_ragged_m_persistent_kernel(
                     BLOCK_M, BLOCK_N, INDEX_64)
 
 
+@triton.jit
+def scaled_ragged_k_kernel(
+    lhs_ptr, rhs_ptr, bounds_ptr, lhs_scale_ptr, rhs_scale_ptr, out_ptr,
+    M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, G: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, M_BLOCKS: tl.constexpr, SCALE_BLOCK_SIZE: tl.constexpr,
+    SCALE_KIND: tl.constexpr, INDEX_64: tl.constexpr,
+    A_BYTES_AS: tl.constexpr, B_BYTES_AS: tl.constexpr,
+):
+  """out[b, g] = scaled (lhs[b, rows of g]^T @ rhs[b, rows of g]): one (group, K x N
+  tile, batch) per program; grid (G * tiles_k * tiles_n, B).
+
+  lhs (B, M, K), rhs (B, M, N) row-major fp8; bounds (B, 2, G) int32; scales float32:
+  SCALE_KIND "tensor" () and (), "block" (B, M_BLOCKS, K) and (B, M_BLOCKS, N), one per
+  128 rows (SCALE_BLOCK_SIZE) of each column. The output tile is BLOCK_M (along K) x
+  BLOCK_N; the group's rows run in 128-row blocks of the global grid, BLOCK_K rows a
+  step (BLOCK_K divides 128). out (B, G, K, N); an empty group's tile is zeros, nothing
+  read.
+  """
+  lhs_ptr = _typed(lhs_ptr, A_BYTES_AS)
+  rhs_ptr = _typed(rhs_ptr, B_BYTES_AS)
+  TILES: tl.constexpr = ((K + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+  pid = tl.program_id(0)
+  batch = tl.program_id(1)
+  group = pid // TILES
+  pid_k, pid_n = grouped_tile(pid % TILES, K, N, BLOCK_M, BLOCK_N, GROUP_M)
+  row_start = tl.load(bounds_ptr + batch * (2 * G) + group)
+  row_end = tl.load(bounds_ptr + batch * (2 * G) + G + group)
+  offs_k = pid_k * BLOCK_M + tl.arange(0, BLOCK_M)
+  offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+  # Columns past K (N) wrap around: in bounds, never stored.
+  offs_ak = offs_k % K
+  offs_bn = offs_n % N
+  offs_r = tl.arange(0, BLOCK_K)
+  batch64 = tl.cast(batch, tl.int64)
+  lhs_base = lhs_ptr + batch64 * (M * K)
+  rhs_base = rhs_ptr + batch64 * (M * N)
+  first_block = row_start // SCALE_BLOCK_SIZE
+  m_blocks = tl.where(row_end > row_start,
+                      (row_end + SCALE_BLOCK_SIZE - 1) // SCALE_BLOCK_SIZE - first_block, 0)
+  STEPS: tl.constexpr = SCALE_BLOCK_SIZE // BLOCK_K
+  acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+  for i in range(0, m_blocks):
+    mb = first_block + i
+    # The block's sum, from zero: at most 128 products deep.
+    partial = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in tl.static_range(STEPS):
+      rows = mb * SCALE_BLOCK_SIZE + step * BLOCK_K + offs_r
+      mine = (rows >= row_start) & (rows < row_end)   # other groups' rows: zeros
+      # lhs^T tile (BLOCK_M of K, BLOCK_K rows): lhs read through swapped strides.
+      a = tl.load(_ptrs(lhs_base, offs_ak, rows, 1, K, INDEX_64), mask=mine[None, :],
+                  other=0.0)
+      b = tl.load(_ptrs(rhs_base, rows, offs_bn, N, 1, INDEX_64), mask=mine[:, None],
+                  other=0.0)
+      partial = tl.dot(a.to(tl.float16), b.to(tl.float16), partial)
+    # The promotion: an fp32 add (times the block's scales) per 128 rows.
+    if SCALE_KIND == "block":
+      sa = tl.load(lhs_scale_ptr + (batch64 * M_BLOCKS + mb) * K + offs_ak)
+      sb = tl.load(rhs_scale_ptr + (batch64 * M_BLOCKS + mb) * N + offs_bn)
+      acc += partial * (sa[:, None] * sb[None, :])
+    else:
+      acc += partial
+  if SCALE_KIND == "tensor":
+    acc = acc * (tl.load(lhs_scale_ptr) * tl.load(rhs_scale_ptr))
+  acc = tl.where(m_blocks > 0, acc, 0.0)   # an empty group: zeros whatever the scales
+  out_base = out_ptr + (batch64 * G + group) * (K * N)
+  mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+  tl.store(_ptrs(out_base, offs_k, offs_n, N, 1, INDEX_64), acc.to(out_ptr.dtype.element_ty),
+           mask=mask)
+
+
 # ------------------------------------------------------------------ launches
 
 
@@ -225,6 +312,23 @@ def launch(problem, config, platform) -> triton_call.Launch:
       num_warps=config.num_warps, num_stages=config.num_stages, **common)
 
 
+def ragged_k_launch(problem, config, platform) -> triton_call.Launch:
+  """The launch of `scaled_ragged_k_kernel` for a ragged-K `ScaledRaggedDotProblem`; its
+  operands are (lhs, rhs, group_bounds, lhs_scale, rhs_scale)."""
+  tiles = triton.cdiv(problem.k, config.block_m) * triton.cdiv(problem.n, config.block_n)
+  pair = types.SimpleNamespace(dtype=problem.dtype, b_dtype=problem.rhs_dtype)
+  out_shape = jax.ShapeDtypeStruct(problem.out_shape,
+                                   scaled.stored_dtype(problem.out_dtype, platform))
+  return triton_call.Launch.make(
+      scaled_ragged_k_kernel, (problem.groups * tiles, problem.batch), out_shape,
+      num_warps=config.num_warps, num_stages=config.num_stages,
+      M=problem.m, N=problem.n, K=problem.k, G=problem.groups,
+      BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+      GROUP_M=config.group_m, M_BLOCKS=triton.cdiv(problem.m, scaled.SCALE_BLOCK),
+      SCALE_BLOCK_SIZE=scaled.SCALE_BLOCK, SCALE_KIND=problem.scale_kind,
+      INDEX_64=needs_index_64(problem), **scaled.bytes_as(pair, platform))
+
+
 def scaled_ragged_dot(lhs, rhs, group_bounds, lhs_scale, rhs_scale, problem, config, platform):
   """The FP8 grouped GEMM of `problem` (a ScaledRaggedDotProblem) on its canonical operands.
 
@@ -235,6 +339,12 @@ def scaled_ragged_dot(lhs, rhs, group_bounds, lhs_scale, rhs_scale, problem, con
   """
   if problem.is_empty:
     return jnp.zeros(problem.out_shape, problem.out_dtype)
+  if problem.ragged_contracting:   # the bounds are the table
+    lhs, rhs = scaled.kernel_operands(platform, lhs, rhs)
+    out = triton_call.call(ragged_k_launch(problem, config, platform), lhs, rhs,
+                           group_bounds, lhs_scale.astype(jnp.float32),
+                           rhs_scale.astype(jnp.float32), platform=platform)
+    return out.astype(problem.out_dtype)
   table = schedule.row_tiles(group_bounds, problem.m, config.block_m, ROW_ALIGN)
   if config.rhs_k_major:
     b, g, k, n = rhs.shape
