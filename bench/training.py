@@ -699,10 +699,11 @@ def run_training(ctx: Context, backends: list[str], variants_policy, *, quick: b
   for b in backends:
     if cfg.fp8 and (b == AUTO or b in jaxgemm.backends(op)):
       runs = _fp8_runs(ctx, b, op, options=not cfg.moe)
-      if cfg.moe:   # the FP8 MoE model: each backend's bf16 step too (the 1.4x)
-        runs.insert(0, (b, AUTO_VARIANT if b == AUTO else DEFAULT_VARIANT, runs[0][2]))
       if isinstance(variants_policy, (list, tuple)):   # --variants 'fp8=block,...'
         runs = [r for r in runs if r[1] in variants_policy]
+      if cfg.moe:   # the FP8 MoE model: each backend's bf16 step too, what FP8 is compared with
+        runs.insert(0, (b, AUTO_VARIANT if b == AUTO else DEFAULT_VARIANT,
+                        _fp8_runs(ctx, b, op)[0][2]))
       kernels += runs
       continue
     if b == AUTO:
