@@ -140,10 +140,12 @@ def test_a_wrong_kernel_fails_and_the_peers_are_checked():
 @pytest.fixture(scope="module")
 def fp8_moe_run(tmp_path_factory):
   out = tmp_path_factory.mktemp("bench-fp8-moe")
-  # One FP8 recipe in the step (a --variants list picks them; each backend's bf16 step runs
-  # whatever it names): the tensor recipe's step is the same machinery.
-  rc = cli.main(["--suite", "fp8-moe-tiny", "--backends", "auto,xla", "--iters", "3",
-                 "--variants", "ragged_dot,fp8=block", "--training-steps", "2",
+  # The default only (on a CPU it runs the xla backend's kernel, test_a_wrong_kernel_...
+  # shows), and one FP8 recipe in the step (a --variants list picks them; the bf16 step runs
+  # whatever it names): the tensor recipe's step is the same machinery. Each interpreted
+  # FP8 step compiles for 5-8 s here.
+  rc = cli.main(["--suite", "fp8-moe-tiny", "--backends", "auto", "--iters", "3",
+                 "--variants", "fp8=block", "--training-steps", "2",
                  "--out", str(out), "--run-name", "cpu-fp8-moe"])
   assert rc == 0
   return out / "cpu-fp8-moe"
@@ -169,8 +171,8 @@ def test_fp8_moe_tiny_run_writes_its_rows(fp8_moe_run):
                                                                               SRD.BF16_PEER)]
     assert {(x["backend"], x["variant"]) for x in peers} == set(FM.PEERS)
     assert all(x["status"] == "ok" and float(x["speedup_vs_paired"]) > 0 for x in peers)
-  kernels = [r for r in gemm if r["backend"] in ("xla", runner.AUTO)]
-  assert len(kernels) == 2 * len(TINY)
+  kernels = [r for r in gemm if r["backend"] == runner.AUTO]
+  assert len(kernels) == len(TINY)
   for r in kernels:
     assert r["status"] == "ok", r
     assert float(r["error"]) <= F.TOLERANCE and float(r["speedup_vs_xla"]) > 0
@@ -178,8 +180,7 @@ def test_fp8_moe_tiny_run_writes_its_rows(fp8_moe_run):
     assert r["xla_ref"] in (SRD.REF_VARIANT, *SRD.BASELINES)
   steps = {(r["backend"], r["variant"]): r for r in rows if r["kind"] == "train_step"}
   cfg = T.fp8_moe_model(on_gpu=False)
-  assert set(steps) == {(runner.REF, runner.REF_VARIANT), ("xla", runner.DEFAULT_VARIANT),
-                        (runner.AUTO, runner.AUTO_VARIANT), ("xla", "fp8=block"),
+  assert set(steps) == {(runner.REF, runner.REF_VARIANT), (runner.AUTO, runner.AUTO_VARIANT),
                         (runner.AUTO, "fp8=block")}
   for (b, v), r in steps.items():
     assert r["status"] == "ok" and r["problem"] == cfg.name, r
@@ -197,9 +198,10 @@ def test_fp8_moe_tiny_report(fp8_moe_run):
   suite = report[report.index("## Suite `fp8-moe-tiny` (FP8 grouped GEMMs)"):]
   header = next(x for x in suite.splitlines() if x.startswith("| problem |"))
   assert ("| XLA lax.ragged_dot bf16 (dequantized beforehand) | dequantize + XLA "
-          "lax.ragged_dot | jaxgemm bf16 ragged_dot (auto) | default (auto), chose | xla |") in header
+          "lax.ragged_dot | jaxgemm bf16 ragged_dot (auto) | default (auto), chose | memory "
+          "bound") in header
   line = next(x for x in suite.splitlines() if x.startswith("| g8.m48.k256.n64.edges.block |"))
-  assert "| block | 8 (5) | 48x256x64 |" in line and " bf16) ragged_dot |" in line
+  assert "| block | 8 (5) | 48x256x64 |" in line and " bf16) xla/ragged_dot" in line
   targets = report[report.index("## FP8 grouped GEMM targets (issue 45)"):]
   targets = targets[:targets.index("\n## ", 5)]
   assert "g4.m32768" not in targets                       # GPU problems: not in a CPU run
