@@ -376,7 +376,7 @@ ENTRY = BenchOp(
               runner="fp8_moe", list_note="then an FP8 MoE training step (bench/training.py)"),
         Suite("fp8-moe-tiny", "the fp8-moe suite's CPU analogue (interpreters; empty groups, "
               "a one-row group, rows past sum(group_sizes))", FP8_MOE_SUITES["fp8-moe-tiny"],
-              runner="fp8_moe",
+              runner="fp8_moe", cpu_default=True,
               list_note="then an FP8 MoE training step (bench/training.py)"),
     ),
     # As the fp8 suites: the FP8 step's block recipe on the xla backend is the slowest run.
