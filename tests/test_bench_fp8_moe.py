@@ -101,6 +101,8 @@ def test_inputs_and_the_exact_product(name):
   exact = np.asarray(FM.exact_fn(p)(*args), np.float64)
   np.testing.assert_allclose(exact, want, rtol=1e-5, atol=1e-4)
   assert not exact[sum(p.group_sizes):].any()
+  with pytest.raises(ValueError, match="group sizes"):     # before prepare drew them
+    FM.exact_fn(_tiny("g4.m64.k256.n128.block"))
   np.testing.assert_array_equal(np.asarray(l16, np.float64),
                                 np.asarray(jax.numpy.asarray(lhs, "bfloat16"), np.float64))
   for fn in (FM.ref_fn(p), *(FM.peer_fn(p, v) for _, v in FM.PEERS)):
