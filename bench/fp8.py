@@ -275,14 +275,18 @@ class ScaledMatmulMeasured(R.Measured):
 PEERS = (FP8_DOT, SCALED_OTHER_B, DEQUANT_BF16, BF16_DOT)
 
 
-def strongest_of(bp: Fp8Problem, peer_rows: list[dict]) -> tuple[str, float]:
+def strongest_of(bp, peer_rows: list[dict], *, ref: str | None = None,
+                 names: tuple[str, ...] | None = None) -> tuple[str, float]:
   """(variant, its speedup over the reference) of the problem's strongest XLA baseline:
   the reference itself (1.0) or the fastest correct baseline peer, by the ratio each
-  read against it, interleaved."""
-  best, factor = ref_variant(bp), 1.0
+  read against it, interleaved. `ref` and `names` (the reference's variant and the
+  baselines' among the peers) default to an fp8 problem's; the fp8-moe suites
+  (bench/fp8_moe.py) name theirs."""
+  best, factor = ref or ref_variant(bp), 1.0
+  names = baselines(bp) if names is None else names
   for r in peer_rows:
     s = r.get("speedup_vs_xla")
-    if r["variant"] in baselines(bp) and r.get("status") == R.STATUS_OK and s and s > factor:
+    if r["variant"] in names and r.get("status") == R.STATUS_OK and s and s > factor:
       best, factor = r["variant"], s
   return best, factor
 

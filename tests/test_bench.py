@@ -65,8 +65,8 @@ def test_random_suites_are_fixed_draws():
 def test_suites_are_named_and_nonempty():
   assert set(S.ALL_SUITES) == {"square", "llm", "skinny", "unaligned", "backward", "random",
                                "random-holdout", "tiny", "training", "moe", "moe-fine", "moe-tiny",
-                               "epilogue", "epilogue-tiny", "fp8", "fp8-tiny", "sharded",
-                               "heldout", "heldout-tiny", "models"}
+                               "epilogue", "epilogue-tiny", "fp8", "fp8-tiny", "fp8-moe",
+                               "fp8-moe-tiny", "sharded", "heldout", "heldout-tiny", "models"}
   for name, probs in P.SUITES.items():
     assert probs, name
     assert all(p.suite == name for p in probs)

@@ -39,7 +39,7 @@ COLUMNS = [
     "time_ms_median", "time_ms_p10", "time_ms_p90", "time_ms_iqr", "time_ms_min",
     "tflops", "pct_peak", "gbps", "pct_copy_bw", "memory_bound",
     "xla_time_ms", "speedup_vs_xla", "speedup_vs_paired", "example_time_ms",
-    "speedup_vs_example",
+    "speedup_vs_example", "bf16_time_ms", "speedup_vs_bf16",
     "compile_s", "first_run_s",
     "tokens_per_step", "tokens_per_s", "step_wall_ms", "steps", "step", "loss", "loss_first",
     "loss_last",
