@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from bench_testing import cpu_context
 import jaxgemm
 from gemm_testing import DriftingTimer
 from jaxgemm import registry, timing, tuning_cache
@@ -191,11 +192,6 @@ def test_cupti_path_with_a_fake_profiler():
 
 # ---------------------------------------------------------------- correctness gate
 
-def _ctx(rows, **kw):
-  return runner.Context(platform="cpu", device_kind="cpu", timer=timing.Timer("cpu"), iters=3,
-                        dtype_name=kw.pop("dtype_name", "bf16"), provenance={"platform": "cpu"},
-                        emit=rows.append, log=lambda s: None, run_id="cpu-test", **kw)
-
 
 def _fake_factory(bp, dtype_name, backend, variant):
   """Real kernels for real backends; deliberately broken ones for backend 'fake'."""
@@ -226,7 +222,7 @@ def test_wrong_results_are_failures_never_times():
   rows = []
   kernels = [("xla", "dot_general", ""), ("fake", "scaled", ""), ("fake", "drops_last_k", ""),
              ("fake", "nan", ""), ("fake", "unsupported", ""), ("fake", "crash", "")]
-  out = runner.run_problem(_ctx(rows), bp, kernels, make_fn=_fake_factory)
+  out = runner.run_problem(cpu_context(rows), bp, kernels, make_fn=_fake_factory)
   assert out == rows
   by = {(r["backend"], r["variant"]): r for r in rows}
   ref = by[(runner.REF, runner.REF_VARIANT)]
@@ -249,7 +245,7 @@ def test_transposed_layouts_go_through_dot_general():
   rows = []
   for bp in P.SUITES["tiny"]:
     if bp.layout != "NN" or bp.batch > 1:
-      runner.run_problem(_ctx(rows), bp, [("xla", "dot_general", "")])
+      runner.run_problem(cpu_context(rows), bp, [("xla", "dot_general", "")])
   assert rows and all(r["status"] == "ok" for r in rows), rows
 
 
@@ -276,7 +272,7 @@ def test_auto_row_records_what_dispatch_chose():
   """Without tuned records the default is XLA's dot through jaxgemm ("fallback")."""
   bp = P.BenchProblem("tiny", "auto", 48, 96, 40)
   rows = []
-  runner.run_problem(_ctx(rows), bp, [(runner.AUTO, runner.AUTO_VARIANT, "")])
+  runner.run_problem(cpu_context(rows), bp, [(runner.AUTO, runner.AUTO_VARIANT, "")])
   ref, auto = rows
   assert ref["backend"] == runner.REF and ref["status"] == "ok"
   assert (auto["backend"], auto["variant"], auto["status"]) == ("auto", "default", "ok")
@@ -302,7 +298,7 @@ def test_tuned_table_decides_the_default_and_the_recorded_kernel(monkeypatch):
                       [record] if backend in (None, "triton") else [])
   assert runner.default_variant("triton", bp, "bf16") == variant
   rows = []
-  runner.run_problem(_ctx(rows), bp, [(runner.AUTO, runner.AUTO_VARIANT, ""),
+  runner.run_problem(cpu_context(rows), bp, [(runner.AUTO, runner.AUTO_VARIANT, ""),
                                        ("triton", variant, "")])
   by = {r["backend"]: r for r in rows}
   assert by["auto"]["chosen"] == f"triton/{variant} (table)"
@@ -327,7 +323,7 @@ def test_training_detects_a_wrong_gemm():
     return lambda x, w: (jnp.matmul(x, w).astype(jnp.float32) * 1.2).astype(x.dtype)
 
   rows = []
-  out = T.run_training(_ctx(rows), ["xla"], ["dot_general"], cfg=SMALL, mm_factory=mm_factory)
+  out = T.run_training(cpu_context(rows), ["xla"], ["dot_general"], cfg=SMALL, mm_factory=mm_factory)
   assert out == rows
   steps = {r["backend"]: r for r in out if r["kind"] == "train_step"}
   assert steps[runner.REF]["status"] == "ok"
@@ -387,7 +383,7 @@ def test_training_step_is_timed_interleaved_with_xla():
   """The same model on XLA twice under a drifting clock: paired timing reads ~1x
   (the old sequential timing read 0.91x: XLA's step timed in the first block)."""
   rows = []
-  ctx = _ctx(rows)
+  ctx = cpu_context(rows)
   ctx.timer, ctx.iters = DriftingTimer(), 4
   mm_factory = lambda backend, variant: (lambda x, w: jnp.matmul(x, w))
   T.run_training(ctx, ["xla"], ["dot_general"], cfg=SMALL, mm_factory=mm_factory)

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench_testing import cpu_context
 import jaxgemm
-from jaxgemm import timing
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import epilogue as E
 from jaxgemm.bench import runner
@@ -41,11 +41,6 @@ TINY = FM.EPILOGUE_SUITES["epilogue-tiny"]
 ISSUE_SHAPES = {"m8192.k4096.n14336": (8192, 4096, 14336), "sq4096": (4096, 4096, 4096),
                 "m128.k4096.n14336": (128, 4096, 14336)}
 
-
-def _ctx(rows, **kw):
-  return runner.Context(platform="cpu", device_kind="cpu", timer=timing.Timer("cpu"), iters=3,
-                        dtype_name="bf16", provenance={"platform": "cpu"}, emit=rows.append,
-                        log=lambda s: None, run_id="cpu-test", **kw)
 
 
 def _tiny(name):
@@ -162,7 +157,7 @@ def test_a_wrong_gradient_alone_fails_and_unregistered_backends_are_unsupported(
   assert kernels[1][0] == "nope" and kernels[1][2].startswith(runner.UNSUPPORTED_PREFIX)
   kernels = [kernels[1], ("fake", "right", ""), ("fake", "wrong_dw", "")]
   rows = []
-  runner.run_problem(_ctx(rows), p, kernels, make_fn=_fake, ops=E.EPILOGUE)
+  runner.run_problem(cpu_context(rows), p, kernels, make_fn=_fake, ops=E.EPILOGUE)
   by = {(r["backend"], r["variant"]): r for r in rows}
   ref = by[(runner.REF, "jnp+vjp")]
   assert ref["status"] == "ok" and ref["expr"] == "bias.gelu" and ref["mode"] == "fwd+bwd"
@@ -200,7 +195,7 @@ def test_each_registered_backend_runs_a_tiny_problem(backend):
   rows = []
   for name in ("m40.k24.n72.bias.gelu", "m40.k24.n72.swiglu"):
     p = _tiny(name)
-    runner.run_problem(_ctx(rows, cpu_call_budget_s=5.0), p,
+    runner.run_problem(cpu_context(rows, cpu_call_budget_s=5.0), p,
                        E.EPILOGUE.kernels(p, [backend], "best", "bf16"), ops=E.EPILOGUE)
   ours = [r for r in rows if r["backend"] == backend]
   assert len(ours) == 2
@@ -261,7 +256,7 @@ def test_swiglu_training_detects_a_wrong_glu():
 
   rows = []
   cfg = dataclasses.replace(T.CPU_SWIGLU_MODEL, steps=2)
-  T.run_training(_ctx(rows), ["xla"], "ladder", cfg=cfg, mm_factory=factory,
+  T.run_training(cpu_context(rows), ["xla"], "ladder", cfg=cfg, mm_factory=factory,
                  suite="epilogue-tiny")
   steps = {r["backend"]: r for r in rows if r["kind"] == "train_step"}
   assert steps[runner.REF]["status"] == "ok"
@@ -443,7 +438,7 @@ def test_report_renders_the_issue_27_targets(tmp_path):
 def test_time_budget_leaves_the_rest_skipped():
   """Out of time: the problems and the training step are recorded as skipped, unrun."""
   rows = []
-  ctx = _ctx(rows, time_budget_s=1e-9)
+  ctx = cpu_context(rows, time_budget_s=1e-9)
   E.run_epilogue_suite(ctx, "epilogue-tiny", TINY[:2], ["xla"], "ladder",
                        training_cfg=T.CPU_SWIGLU_MODEL)
   assert ctx.time_budget_s == 1e-9

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bench_testing import cpu_context
 import jaxgemm
 from jaxgemm import timing
 from jaxgemm.bench import __main__ as cli
@@ -40,11 +41,6 @@ TINY = SM.FP8_SUITES["fp8-tiny"]
 ISSUE_SHAPES = {"sq8192": (8192, 8192, 8192), "m8192.k4096.n14336": (8192, 4096, 14336),
                 "sq4096": (4096, 4096, 4096), "m128.k4096.n14336": (128, 4096, 14336)}
 
-
-def _ctx(rows, **kw):
-  kw = {"platform": "cpu", "device_kind": "cpu", "timer": timing.Timer("cpu"), **kw}
-  return runner.Context(iters=3, dtype_name="bf16", provenance={"platform": kw["platform"]},
-                        emit=rows.append, log=lambda s: None, run_id="cpu-test", **kw)
 
 
 def _tiny(name):
@@ -191,7 +187,7 @@ def test_a_wrong_result_fails_and_the_peers_are_checked():
   kernels = [kernels[1], ("fake", "right", ""), ("fake", "two_percent_off", ""),
              ("fake", "one_scale", "")]
   rows = []
-  runner.run_problem(_ctx(rows), p, kernels, make_fn=_fake, ops=F.SCALED_MATMUL)
+  runner.run_problem(cpu_context(rows), p, kernels, make_fn=_fake, ops=F.SCALED_MATMUL)
   by = {(r["backend"], r["variant"]): r for r in rows}
   ref = by[(runner.REF, SM.REF_BLOCK)]
   # XLA's reference is measured against the exact product too: bf16's rounding
@@ -237,7 +233,7 @@ def test_each_registered_backend_runs_a_tiny_problem(backend):
   rows = []
   for name in ("m40.k200.n72.tensor", "m40.k200.n72.block"):
     p = _tiny(name)
-    runner.run_problem(_ctx(rows, cpu_call_budget_s=5.0), p,
+    runner.run_problem(cpu_context(rows, cpu_call_budget_s=5.0), p,
                        F.SCALED_MATMUL.kernels(p, [backend], "best", "bf16"), ops=F.SCALED_MATMUL)
   ours = [r for r in rows if r["backend"] == backend]
   assert len(ours) == 2
@@ -277,7 +273,7 @@ def test_fp8_options_are_recipes_the_gpu_suite_adds_for_auto():
       named, scale_dtype="float32", quantize_backend="xla")
   for on_gpu, backend, extra in ((True, runner.AUTO, True), (True, "xla", False),
                                  (False, runner.AUTO, False)):
-    ctx = dataclasses.replace(_ctx([]), platform="gpu" if on_gpu else "cpu")
+    ctx = dataclasses.replace(cpu_context([]), platform="gpu" if on_gpu else "cpu")
     variants = [v for _, v, _ in T._fp8_runs(ctx, backend, "scaled_matmul")]
     want = [f"fp8={r}" for r in T.FP8_RECIPES + (tuple(T.FP8_OPTIONS) if extra else ())]
     assert variants == want, (on_gpu, backend)
@@ -313,14 +309,14 @@ def test_fp8_training_detects_a_wrong_gemm():
   # On the platform it runs on (the GPU tier runs it too): a CPU context on a GPU stops
   # after the first step, whose wall time holds the GPU's warm-up, and skips the row.
   platform = timing.platform_of()
-  ctx = _ctx(rows, platform=platform, device_kind=platform, timer=timing.Timer(platform))
+  ctx = cpu_context(rows, platform=platform, device_kind=platform, timer=timing.Timer(platform))
   T.run_training(ctx, ["xla"], "ladder", cfg=cfg, mm_factory=factory, suite="fp8-tiny")
   steps = {(r["backend"], r["variant"]): r for r in rows if r["kind"] == "train_step"}
   assert steps[(runner.REF, runner.REF_VARIANT)]["status"] == "ok"
   good, bad = steps[("xla", "fp8=tensor")], steps[("xla", "fp8=block")]
   assert good["status"] == "ok" and good["agree"] == 1 and good["tolerance"] == 0.10
   rows = []   # a --variants list picks the FP8 recipes to train
-  T.run_training(_ctx(rows), ["xla"], ["fp8=tensor"], cfg=cfg, mm_factory=factory,
+  T.run_training(cpu_context(rows), ["xla"], ["fp8=tensor"], cfg=cfg, mm_factory=factory,
                  suite="fp8-tiny")
   assert {r["variant"] for r in rows if r["kind"] == "train_step"} == {
       runner.REF_VARIANT, "fp8=tensor"}
@@ -410,7 +406,7 @@ def test_cli_lists_the_fp8_suites():
 
 def test_time_budget_leaves_the_rest_skipped():
   rows = []
-  ctx = _ctx(rows, time_budget_s=1e-9)
+  ctx = cpu_context(rows, time_budget_s=1e-9)
   F.run_fp8_suite(ctx, "fp8-tiny", TINY[:2], ["xla"], "ladder", training_cfg=T.CPU_FP8_MODEL)
   assert ctx.time_budget_s == 1e-9
   gemm = [r for r in rows if r["kind"] == "gemm"]

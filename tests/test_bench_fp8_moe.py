@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxgemm import timing
+from bench_testing import cpu_context
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import fp8 as F
 from jaxgemm.bench import fp8_moe as FM
@@ -29,11 +29,6 @@ from jaxgemm.bench.report.make import generate
 GPU = SRD.FP8_MOE_SUITES["fp8-moe"]
 TINY = SRD.FP8_MOE_SUITES["fp8-moe-tiny"]
 
-
-def _ctx(rows, **kw):
-  return runner.Context(platform="cpu", device_kind="cpu", timer=timing.Timer("cpu"), iters=3,
-                        dtype_name="bf16", provenance={"platform": "cpu"}, emit=rows.append,
-                        log=lambda s: None, run_id="cpu-test", **kw)
 
 
 def _tiny(name):
@@ -86,7 +81,7 @@ def test_inputs_and_the_exact_product(name):
   """The quantized operands' exact product is float64's of the dequantized values (rows
   past the groups zero); the bf16 forms are those values rounded; the reference (bf16
   lax.ragged_dot) and the peers are within the gate."""
-  p = FM.SCALED_RAGGED_DOT.prepare(_ctx([]), _tiny(name), "bf16")
+  p = FM.SCALED_RAGGED_DOT.prepare(cpu_context([]), _tiny(name), "bf16")
   l8, r8, gs, sl, sr, l16, r16 = FM.make_inputs(p, 1, 0)
   assert (l8.shape, r8.shape, l8.dtype.name) == ((p.m, p.k), (p.groups, p.k, p.n),
                                                  "float8_e4m3fn")
@@ -123,7 +118,7 @@ def test_a_wrong_kernel_fails_and_the_peers_are_checked():
   kernels = runner.choose_kernels(p, [runner.AUTO, "xla"], "best", "bf16",
                                   ops=FM.SCALED_RAGGED_DOT)
   assert kernels == [(runner.AUTO, runner.AUTO_VARIANT, ""), ("xla", "ragged_dot", "")]
-  runner.run_problem(_ctx(rows), p, [("fake", "unscaled", ""), ("fake", "crash", "")],
+  runner.run_problem(cpu_context(rows), p, [("fake", "unscaled", ""), ("fake", "crash", "")],
                      make_fn=_wrong_kernels, ops=FM.SCALED_RAGGED_DOT)
   by = {(r["backend"], r["variant"]): r for r in rows}
   ref = by[(runner.REF, SRD.REF_VARIANT)]

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from jax import lax
 
+from bench_testing import cpu_context
 import jaxgemm
-from jaxgemm import timing
 from jaxgemm.bench import __main__ as cli
 from jaxgemm.bench import moe
 from jaxgemm.bench import runner
@@ -39,11 +39,6 @@ from conftest import SLOW_INTERPRETERS
 MOE = RD.MOE_SUITES["moe"]
 TINY = RD.MOE_SUITES["moe-tiny"]
 
-
-def _ctx(rows, **kw):
-  return runner.Context(platform="cpu", device_kind="cpu", timer=timing.Timer("cpu"), iters=3,
-                        dtype_name="bf16", provenance={"platform": "cpu"}, emit=rows.append,
-                        log=lambda s: None, run_id="cpu-test", **kw)
 
 
 # ---------------------------------------------------------------- the problem table
@@ -89,7 +84,7 @@ def test_moe_shapes_match_lax(mp):
 
 def test_min_bytes_count_only_experts_with_tokens():
   mp = next(p for p in TINY if p.name == "g8.m48.k32.n64.edges")
-  sized = moe.RAGGED_DOT.prepare(_ctx([]), mp, "bf16")
+  sized = moe.RAGGED_DOT.prepare(cpu_context([]), mp, "bf16")
   assert sized.active_groups == 5 and sized.group_sizes == mp.group_sizes
   item = 2
   assert sized.min_bytes("bf16") == item * (48 * 32 + 5 * 32 * 64 + 48 * 64)
@@ -148,7 +143,7 @@ def test_wrong_grouped_kernels_fail_and_unregistered_backends_are_unsupported():
   assert kernels[1] == ("xla", "ragged_dot_general", "")
   assert kernels[2][0] == "nope" and kernels[2][2].startswith(runner.UNSUPPORTED_PREFIX)
   kernels += [("fake", "ignores_groups", ""), ("fake", "crash", "")]
-  runner.run_problem(_ctx(rows), mp, kernels, make_fn=_fake_grouped, ops=moe.RAGGED_DOT)
+  runner.run_problem(cpu_context(rows), mp, kernels, make_fn=_fake_grouped, ops=moe.RAGGED_DOT)
   by = {(r["backend"], r["variant"]): r for r in rows}
   ref = by[(runner.REF, "lax.ragged_dot")]
   assert ref["status"] == "ok" and ref["group_sizes"] and ref["active_groups"] == 4
@@ -179,7 +174,7 @@ def test_each_registered_backend_runs_a_tiny_problem(backend):
   rows = []
   for mp in (p for p in TINY if p.layer == "g8.m48.k32.n64.edges"):
     kernels = runner.choose_kernels(mp, [backend], "best", "bf16", ops=moe.RAGGED_DOT)
-    runner.run_problem(_ctx(rows, cpu_call_budget_s=5.0), mp, kernels, ops=moe.RAGGED_DOT)
+    runner.run_problem(cpu_context(rows, cpu_call_budget_s=5.0), mp, kernels, ops=moe.RAGGED_DOT)
   ours = [r for r in rows if r["backend"] == backend]
   assert len(ours) == 3
   for r in ours:
@@ -258,7 +253,7 @@ def test_moe_training_detects_a_wrong_grouped_gemm():
 
   rows = []
   cfg = dataclasses.replace(T.CPU_MOE_MODEL, steps=2)
-  T.run_training(_ctx(rows), ["xla"], ["ragged_dot_general"], cfg=cfg, mm_factory=gmm_factory,
+  T.run_training(cpu_context(rows), ["xla"], ["ragged_dot_general"], cfg=cfg, mm_factory=gmm_factory,
                  suite="moe-tiny")
   steps = {r["backend"]: r for r in rows if r["kind"] == "train_step"}
   assert steps[runner.REF]["status"] == "ok"
@@ -424,7 +419,7 @@ def test_time_budget_leaves_the_rest_skipped():
   """Out of time: the problems and the training step are recorded as skipped, unrun;
   the problems' budget keeps time back for the training step."""
   rows = []
-  ctx = _ctx(rows, time_budget_s=1e-9)
+  ctx = cpu_context(rows, time_budget_s=1e-9)
   moe.run_moe_suite(ctx, "moe-tiny", TINY[:2], ["xla"], "best", training_cfg=T.CPU_MOE_MODEL)
   assert ctx.time_budget_s == 1e-9                            # restored
   gemm = [r for r in rows if r["kind"] == "gemm"]
@@ -441,7 +436,7 @@ def test_a_slow_reference_is_not_paired():
   ops.pair_max_ref_ms = 0.0
   mp = next(p for p in TINY if p.name == "g4.m8.k128.n256")
   rows = []
-  runner.run_problem(_ctx(rows), mp, [("xla", "ragged_dot_general", "")], ops=ops)
+  runner.run_problem(cpu_context(rows), mp, [("xla", "ragged_dot_general", "")], ops=ops)
   ref, _, kernel = rows
   assert kernel["status"] == "ok" and "timed alone" in kernel["note"]
   assert kernel["xla_time_ms"] == ref["time_ms_median"]
@@ -464,7 +459,7 @@ def test_example_sweep_keeps_the_fastest_correct_config(monkeypatch):
 
   monkeypatch.setattr(moe, "example_fn", fake_example)
   rows = []
-  ctx = _ctx(rows, max_rotate=1)
+  ctx = cpu_context(rows, max_rotate=1)
   ctx.platform = "gpu"
   runner.run_problem(ctx, mp, [("xla", "ragged_dot_general", "")], ops=moe.RAGGED_DOT)
   by = {r["backend"]: r for r in rows}
