@@ -369,6 +369,31 @@ SCALE_DTYPES = (SCALE_DTYPE, np.dtype(jnp.float8_e8m0fnu))
 BLOCK = 128
 
 
+def dtype_names(dtypes) -> list[str]:
+  """The dtypes' names, as errors list what is valid.
+
+  >>> dtype_names(FP8_DTYPES)
+  ['float8_e4m3fn', 'float8_e5m2']
+  """
+  return [np.dtype(d).name for d in dtypes]
+
+
+def dtype_among(value, allowed, op: str, arg: str) -> np.dtype:
+  """`value` as a numpy dtype where it is one of `allowed`; else a TypeError naming
+  the op's argument and the valid dtypes.
+
+  >>> dtype_among("float32", SCALE_DTYPES, "quantize", "scale_dtype")
+  dtype('float32')
+  """
+  try:
+    dtype = np.dtype(value)
+  except TypeError:
+    dtype = None
+  if dtype not in allowed:
+    raise TypeError(f"{op}'s {arg} must be one of {dtype_names(allowed)}; got {arg}={dtype}")
+  return dtype
+
+
 def scale_shape(mode: str, rows: int, cols: int) -> tuple[int, int]:
   """The scales' shape of quantizing a (rows, cols) array in block `mode`: "row"
   (1x128 blocks) or "tile" (128x128).

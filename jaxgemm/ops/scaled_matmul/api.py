@@ -17,15 +17,11 @@ import numpy as np
 
 from jaxgemm import gemm, sharding
 from jaxgemm.config import KernelConfig
-from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPE, SCALE_DTYPES
+from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPE, SCALE_DTYPES, dtype_among, dtype_names
 from jaxgemm.ops.scaled_matmul.primitive import bind
 from jaxgemm.ops.scaled_matmul.problem import OUT_DTYPES, ScaledMatmulProblem, blocks
 
 _RANK = {"tensor": 0, "row_col": 1, "block": 2}
-
-
-def _names(dtypes) -> list[str]:
-  return [np.dtype(d).name for d in dtypes]
 
 
 def _check_operand(x, name: str) -> None:
@@ -33,7 +29,7 @@ def _check_operand(x, name: str) -> None:
     raise ValueError(f"scaled_matmul's {name} must have at least 2 dimensions (..., rows, "
                      f"cols); got {name}.shape={x.shape}")
   if np.dtype(x.dtype) not in FP8_DTYPES:
-    raise TypeError(f"scaled_matmul's {name} must be fp8, one of {_names(FP8_DTYPES)} "
+    raise TypeError(f"scaled_matmul's {name} must be fp8, one of {dtype_names(FP8_DTYPES)} "
                     f"(quantize it with jaxgemm.quantize); got {name}.dtype={x.dtype}")
 
 
@@ -131,13 +127,7 @@ def scaled_matmul(a, b, a_scale, b_scale, *, out_dtype=jnp.bfloat16, precision=N
   a, b = jnp.asarray(a), jnp.asarray(b)
   _check_operand(a, "a")
   _check_operand(b, "b")
-  try:
-    out_dtype = np.dtype(out_dtype)
-  except TypeError:
-    out_dtype = None
-  if out_dtype not in OUT_DTYPES:
-    raise TypeError(f"scaled_matmul's out_dtype must be one of {_names(OUT_DTYPES)}; "
-                    f"got out_dtype={out_dtype}")
+  out_dtype = dtype_among(out_dtype, OUT_DTYPES, "scaled_matmul", "out_dtype")
   out_sharding = sharding.canonical_out_sharding(out_sharding, "scaled_matmul")
   m, k = (a.shape[-1], a.shape[-2]) if trans_a else a.shape[-2:]
   k_b, n = (b.shape[-1], b.shape[-2]) if trans_b else b.shape[-2:]

@@ -59,8 +59,8 @@ import numpy as np
 
 from jaxgemm import pallas_call, registry
 from jaxgemm.config import KernelConfig
-from jaxgemm.gemm import (BLOCK, FP8_DTYPES, SMEM_CAPACITY_BYTES, GemmProblem, mosaic_gpu_error,
-                          pow2_at_least)
+from jaxgemm.gemm import (BLOCK, FP8_DTYPES, SMEM_CAPACITY_BYTES, GemmProblem, dtype_names,
+                          mosaic_gpu_error, pow2_at_least)
 from jaxgemm.ops.matmul.pallas import PallasConfig
 from jaxgemm.ops.scaled_matmul import xla as scaled_xla
 from jaxgemm.ops.scaled_matmul.problem import (OUT_DTYPES, SCALE_KINDS, ScaledMatmulProblem,
@@ -94,10 +94,6 @@ _MAX_STAGES = 8        # PallasConfig.max_concurrent_steps' range
 _EPI_TILE_M = 64
 # What a mixed e4m3 x e5m2 pair runs as (exact for both; module docstring).
 MIXED_DTYPE = np.dtype(np.float16)
-
-
-def _names(dtypes) -> list[str]:
-  return [np.dtype(d).name for d in dtypes]
 
 
 def kernel_dtype(problem: ScaledMatmulProblem) -> np.dtype:
@@ -237,10 +233,10 @@ class PallasScaledMatmul(registry.Backend):
     what = "backend='pallas' scaled_matmul"
     for name, dtype in (("a", problem.dtype), ("b", problem.b_dtype)):
       if np.dtype(dtype) not in FP8_DTYPES:
-        raise NotImplementedError(f"{what} takes fp8 operands {_names(FP8_DTYPES)}; got "
+        raise NotImplementedError(f"{what} takes fp8 operands {dtype_names(FP8_DTYPES)}; got "
                                   f"{name}.dtype={np.dtype(dtype).name}")
     if np.dtype(problem.out_dtype) not in OUT_DTYPES:
-      raise NotImplementedError(f"{what} writes {_names(OUT_DTYPES)}; got "
+      raise NotImplementedError(f"{what} writes {dtype_names(OUT_DTYPES)}; got "
                                 f"out_dtype={np.dtype(problem.out_dtype).name}")
     if problem.scale_kind not in SCALE_KINDS:
       raise NotImplementedError(f"{what} takes scale_kind in {SCALE_KINDS}; got "

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxgemm import sharding
 from jaxgemm.ops.scaled_matmul import cast_transpose
-from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPES
+from jaxgemm.gemm import FP8_DTYPES, SCALE_DTYPES, dtype_among, dtype_names
 
 E8M0 = np.dtype(jnp.float8_e8m0fnu)
 
@@ -116,15 +116,9 @@ def quantize(x, dtype=jnp.float8_e4m3fn, block=None, *, scale_dtype=jnp.float32)
   """
   x = jnp.asarray(x)
   dtype = np.dtype(dtype)
-  try:
-    scale_dtype = np.dtype(scale_dtype)
-  except TypeError:
-    scale_dtype = None
-  if scale_dtype not in SCALE_DTYPES:
-    raise TypeError(f"quantize's scale_dtype must be one of "
-                    f"{[d.name for d in SCALE_DTYPES]}; got scale_dtype={scale_dtype}")
+  scale_dtype = dtype_among(scale_dtype, SCALE_DTYPES, "quantize", "scale_dtype")
   if dtype not in FP8_DTYPES:
-    raise TypeError(f"quantize's dtype must be one of {[d.name for d in FP8_DTYPES]}; "
+    raise TypeError(f"quantize's dtype must be one of {dtype_names(FP8_DTYPES)}; "
                     f"got dtype={dtype}")
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"quantize takes a floating x; got x.dtype={x.dtype}")

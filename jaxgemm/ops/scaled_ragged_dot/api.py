@@ -15,7 +15,8 @@ from jax import lax
 
 from jaxgemm import gemm, ragged_schedule
 from jaxgemm.config import KernelConfig
-from jaxgemm.gemm import BLOCK, FP8_DTYPES, SCALE_DTYPE, SCALE_DTYPES
+from jaxgemm.gemm import (BLOCK, FP8_DTYPES, SCALE_DTYPE, SCALE_DTYPES, dtype_among,
+                          dtype_names)
 from jaxgemm.ops.ragged_dot.api import RAGGED_DOT_NUMBERS
 from jaxgemm.ops.scaled_ragged_dot.primitive import bind
 from jaxgemm.ops.scaled_ragged_dot.problem import OUT_DTYPES, ScaledRaggedDotProblem, blocks
@@ -27,21 +28,6 @@ _RANK = {"tensor": 0, "row_col": 1, "block": 2}
 RAGGED_K_NUMBERS = lax.RaggedDotDimensionNumbers(
     dot_dimension_numbers=(([0], [0]), ([], [])), lhs_ragged_dimensions=[0],
     rhs_group_dimensions=[])
-
-
-def _names(dtypes) -> list[str]:
-  return [np.dtype(d).name for d in dtypes]
-
-
-def _out_dtype(out_dtype) -> np.dtype:
-  try:
-    out_dtype = np.dtype(out_dtype)
-  except TypeError:
-    out_dtype = None
-  if out_dtype not in OUT_DTYPES:
-    raise TypeError(f"scaled_ragged_dot's out_dtype must be one of {_names(OUT_DTYPES)}; "
-                    f"got out_dtype={out_dtype}")
-  return out_dtype
 
 
 def _check_group_sizes(group_sizes, groups: int, what: str) -> None:
@@ -58,7 +44,7 @@ def _check_operand(x, name: str, ndim: int, shape: str) -> None:
     raise TypeError(f"scaled_ragged_dot's {name} must be {ndim}-D {shape}; got "
                     f"{name}.shape={x.shape}")
   if np.dtype(x.dtype) not in FP8_DTYPES:
-    raise TypeError(f"scaled_ragged_dot's {name} must be fp8, one of {_names(FP8_DTYPES)} "
+    raise TypeError(f"scaled_ragged_dot's {name} must be fp8, one of {dtype_names(FP8_DTYPES)} "
                     f"(quantize it with jaxgemm.quantize); got {name}.dtype={x.dtype}")
 
 
@@ -67,7 +53,7 @@ def _scale_kind(scale, name: str, kinds: dict[str, tuple[tuple[int, ...], str]])
   the valid shapes. kinds: kind -> (its shape, what it is)."""
   scale = jnp.asarray(scale)
   if np.dtype(scale.dtype) not in SCALE_DTYPES:
-    raise TypeError(f"scaled_ragged_dot's {name} must be one of {_names(SCALE_DTYPES)} "
+    raise TypeError(f"scaled_ragged_dot's {name} must be one of {dtype_names(SCALE_DTYPES)} "
                     f"(float8_e8m0fnu: powers of two); got {name}.dtype={scale.dtype} "
                     f"(cast it with .astype(jnp.float32))")
   if scale.ndim == 0:
@@ -184,7 +170,7 @@ def scaled_ragged_dot(lhs, rhs, group_sizes, lhs_scale, rhs_scale, *, out_dtype=
     raise TypeError(f"scaled_ragged_dot's contracting dimensions differ: lhs.shape={lhs.shape} "
                     f"has K={k}, rhs.shape={rhs.shape} has K={k_rhs}")
   _check_group_sizes(group_sizes, groups, "one size per expert of rhs")
-  out_dtype = _out_dtype(out_dtype)
+  out_dtype = dtype_among(out_dtype, OUT_DTYPES, "scaled_ragged_dot", "out_dtype")
   kb, nb = blocks(k), blocks(n)
   lhs_kind, lhs_scale = _scale_kind(lhs_scale, "lhs_scale", {
       "row_col": ((m, 1), "per row (quantize(lhs, block=(1, None)))"),
@@ -237,7 +223,7 @@ def _ragged_k(lhs, rhs, group_sizes, lhs_scale, rhs_scale, out_dtype, backend, v
                     f"(G,) in the ragged-K form")
   groups = group_sizes.shape[0]
   _check_group_sizes(group_sizes, groups, "one size per group")
-  out_dtype = _out_dtype(out_dtype)
+  out_dtype = dtype_among(out_dtype, OUT_DTYPES, "scaled_ragged_dot", "out_dtype")
   mb = blocks(m)
   scales = []
   for name, scale, cols, col in (("lhs_scale", lhs_scale, k, "K"),

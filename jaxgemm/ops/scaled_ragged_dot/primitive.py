@@ -33,7 +33,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching
 
 from jaxgemm import ragged_schedule, registry, sharding
-from jaxgemm.gemm import BLOCK, FP8_DTYPES, SCALE_DTYPES
+from jaxgemm.gemm import BLOCK, FP8_DTYPES, SCALE_DTYPES, dtype_names
 from jaxgemm.ops import rules
 from jaxgemm.ops.base import Op
 from jaxgemm.ops.ragged_dot.primitive import example_group_sizes
@@ -51,10 +51,6 @@ NOT_DIFFERENTIABLE = (
     "defined here. FP8 grouped GEMMs are differentiated through the bf16 inputs, "
     "quantized on the fly: `jaxgemm.ragged_dot(x, w, group_sizes, fp8=\"block\")` "
     "(or \"tensor\", or a jaxgemm.Fp8Recipe); or wrap this call in jax.lax.stop_gradient.")
-
-
-def _names(dtypes) -> list[str]:
-  return [np.dtype(d).name for d in dtypes]
 
 
 def scale_shapes(batch, groups, m, k, n, scale_kind, ragged_contracting=False
@@ -91,7 +87,7 @@ def problem_of(lhs, rhs, group_bounds, lhs_scale, rhs_scale, *, out_dtype, scale
     n = rhs.shape[3]
   for name, aval in (("lhs", lhs), ("rhs", rhs)):
     if np.dtype(aval.dtype) not in FP8_DTYPES:
-      raise TypeError(f"scaled_ragged_dot_p's {name} must be fp8 {_names(FP8_DTYPES)}; "
+      raise TypeError(f"scaled_ragged_dot_p's {name} must be fp8 {dtype_names(FP8_DTYPES)}; "
                       f"got {np.dtype(aval.dtype).name}")
   kinds = RAGGED_K_SCALE_KINDS if ragged_contracting else SCALE_KINDS
   if scale_kind not in kinds:
@@ -103,10 +99,10 @@ def problem_of(lhs, rhs, group_bounds, lhs_scale, rhs_scale, *, out_dtype, scale
     if (tuple(aval.shape) != shape or np.dtype(aval.dtype) not in SCALE_DTYPES
         or np.dtype(aval.dtype) != scale_dtype):
       raise TypeError(f"scaled_ragged_dot_p with scale_kind={scale_kind!r} takes {name} of "
-                      f"shape {shape} in one of {_names(SCALE_DTYPES)}, the same dtype for "
+                      f"shape {shape} in one of {dtype_names(SCALE_DTYPES)}, the same dtype for "
                       f"both scales; got {np.dtype(aval.dtype).name}{aval.shape}")
   if np.dtype(out_dtype) not in OUT_DTYPES:
-    raise TypeError(f"scaled_ragged_dot_p's out_dtype must be one of {_names(OUT_DTYPES)}; "
+    raise TypeError(f"scaled_ragged_dot_p's out_dtype must be one of {dtype_names(OUT_DTYPES)}; "
                     f"got {np.dtype(out_dtype).name}")
   return ScaledRaggedDotProblem(batch, groups, m, k, n, np.dtype(lhs.dtype),
                                 np.dtype(out_dtype), np.dtype(rhs.dtype), scale_kind,
