@@ -21,11 +21,7 @@ accumulation's:
 
 from __future__ import annotations
 
-import os
 import pathlib
-import re
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +29,8 @@ import numpy as np
 import pytest
 
 import jaxgemm
-from conftest import SESSION_SEED
 from gemm_testing import as_f64, assert_gemm_close
+from host_devices import run_on_8_host_devices
 from jaxgemm import registry
 from jaxgemm.ops.scaled_ragged_dot.api import RAGGED_K_NUMBERS as RAGGED_K
 
@@ -474,15 +470,4 @@ EIGHT_DEVICE_TESTS = pathlib.Path(__file__).with_name("scaled_ragged_dot_on_8_de
 def test_partitions_on_8_host_devices():
   """tests/scaled_ragged_dot_on_8_devices.py, in its own process with 8 host CPU devices
   (XLA_FLAGS is read once, when jax starts), as tests/test_sharding.py runs its files."""
-  env = dict(os.environ, JAXGEMM_TEST_SEED=str(SESSION_SEED), TF_CPP_MIN_LOG_LEVEL="2",
-             XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS"),
-                                              "--xla_force_host_platform_device_count=8"])))
-  run = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EIGHT_DEVICE_TESTS)],
-      cwd=EIGHT_DEVICE_TESTS.parent.parent, env=env, capture_output=True, text=True,
-      timeout=300)
-  output = run.stdout + run.stderr
-  summary = output.strip().splitlines()[-1] if output.strip() else "(no output)"
-  print(f"{EIGHT_DEVICE_TESTS.name}: {summary}")
-  assert run.returncode == 0, f"{EIGHT_DEVICE_TESTS.name} failed:\n{output[-12000:]}"
-  assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+  run_on_8_host_devices(EIGHT_DEVICE_TESTS, timeout_s=300)

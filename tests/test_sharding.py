@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
 import pathlib
 import re
-import subprocess
-import sys
 import types
 
 import jax
@@ -29,8 +26,8 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxgemm
-from conftest import SESSION_SEED
 from gemm_testing import assert_gemm_close, matmul_reference, random_array, tolerance
+from host_devices import run_on_8_host_devices
 from jaxgemm import sharding
 from jaxgemm.ops.matmul import primitive
 
@@ -54,17 +51,7 @@ def test_on_8_host_devices(tests):
   `tests/collective_matmul_on_8_devices.py`, the models suite's data x tensor parallel
   rows' `tests/models_on_8_devices.py`) with 8 host CPU devices, in
   its own process (XLA_FLAGS is read once, when jax starts), with this session's seed."""
-  env = dict(os.environ, JAXGEMM_TEST_SEED=str(SESSION_SEED), TF_CPP_MIN_LOG_LEVEL="2",
-             XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS"),
-                                              "--xla_force_host_platform_device_count=8"])))
-  run = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
-      cwd=tests.parent.parent, env=env, capture_output=True, text=True, timeout=540)
-  output = run.stdout + run.stderr
-  summary = output.strip().splitlines()[-1] if output.strip() else "(no output)"
-  print(f"{tests.name}: {summary}")
-  assert run.returncode == 0, f"{tests.name} failed:\n{output[-12000:]}"
-  assert re.search(r"\d+ passed", summary) and "skipped" not in summary, summary
+  run_on_8_host_devices(tests, timeout_s=540)
 
 
 # ---------------------------------------------------------------- the rule
