@@ -63,7 +63,8 @@ from jaxgemm import sharding
 #   GEMM from 300 to 432 us.
 # - 4 GPUs: XLA's dot merger joined the chunks' GEMMs (fixed since: `_apart`), and the
 #   70B forward ran at 0.89x (gathers only) and 0.77x (every ring) of the same program
-#   without rings; not measured since the fix.
+#   without rings. With `_apart` (commit 8560031), every ring: forward 3.956 ms against
+#   XLA's 3.385, forward + backward 11.713 against 9.675 (0.86x, 0.83x).
 # The rings stay available as overlap=True.
 
 
