@@ -175,6 +175,31 @@ def test_a_slow_reference_does_not_spend_the_budget(fresh_measurement, rng, monk
   assert not report.out_of_time
 
 
+def test_the_budget_leaves_every_backend_its_first_candidate(fresh_measurement, monkeypatch):
+  """Each timed call costs 1 s of the tuner's clock and the budget is 0.5 s. XLA's
+  dequantize + bf16 dot (its candidate beside the reference) spends it; Triton's first
+  kernel is still timed, and no backend's second. On an H100 the budget once ran out
+  before Pallas's block-scaled kernel, the fastest in the fp8 suite, was ever timed."""
+  class Clock:
+    now = 0.0
+
+    def perf_counter(self):
+      return self.now
+
+  clock = Clock()
+  monkeypatch.setattr(tuning, "time", clock)
+  timer = FakeTimer({"xla": 1.0, "triton": 0.5}, clock=clock, clock_s=1.0)
+  e4m3 = np.dtype(jnp.float8_e4m3fn)
+  problem = jaxgemm.ScaledMatmulProblem(1, 32, 32, 128, e4m3, np.dtype(jnp.bfloat16), F32,
+                                        scale_kind="block")
+  with measuring(timer, budget_s=0.5, iters=2, candidates=2, backends=("xla", "triton")):
+    report = measure.measure(problem)
+  timed = [(t.backend, t.variant) for t in report.trials if t.status == "ok"]
+  assert [b for b, _ in timed] == ["xla", "triton"], timed
+  assert timed[0][1] == "dequantize_bf16"
+  assert report.out_of_time == [problem]        # the second candidates did not start
+
+
 @pytest.mark.parametrize("error, picked", [
     ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 32.02GiB", "triton"),
     ("INTERNAL: something else", "xla")])
