@@ -43,6 +43,20 @@ class FakeTimer:
     return [self.ms[program.backend]] * iters
 
 
+@pytest.fixture
+def clock(monkeypatch):
+  """The tuner's clock, standing still unless a test's timer moves it (`now`, seconds)."""
+  class Clock:
+    now = 0.0
+
+    def perf_counter(self):
+      return self.now
+
+  fake = Clock()
+  monkeypatch.setattr(tuning, "time", fake)
+  return fake
+
+
 def measuring(timer, **kw):
   """Measures on the CPU (the interpreters), with `timer`, the triton backend only
   (the Mosaic GPU interpreter takes seconds a kernel), and no log. The budget is the real
@@ -121,18 +135,10 @@ def test_each_gemm_of_a_gradient_is_measured(fresh_measurement, rng):
   assert shapes == {(48, 40, 32), (48, 32, 40), (32, 40, 48)}   # forward, dA, dB
 
 
-def test_the_budget_stops_new_candidates(fresh_measurement, rng, monkeypatch):
+def test_the_budget_stops_new_candidates(fresh_measurement, rng, clock):
   """Each timed call costs 1 s of the tuner's clock. XLA's reference is timed outside
   the 0.5 s budget (the user's program compiles it anyway); the first candidate spends
   the budget, no second starts, and the measurement stands (not repeated)."""
-  class Clock:
-    now = 0.0
-
-    def perf_counter(self):
-      return self.now
-
-  clock = Clock()
-  monkeypatch.setattr(tuning, "time", clock)
   timer = FakeTimer({"xla": 1.0, "triton": 0.5}, clock=clock, clock_s=1.0)
   a, b = operands(rng)
   with measuring(timer, budget_s=0.5, iters=2):
@@ -149,25 +155,17 @@ def test_the_budget_stops_new_candidates(fresh_measurement, rng, monkeypatch):
   assert not next(iter(entries[key].values()))["finished"]
 
 
-def test_a_slow_reference_does_not_spend_the_budget(fresh_measurement, rng, monkeypatch):
+def test_a_slow_reference_does_not_spend_the_budget(fresh_measurement, rng, clock):
   """Each timed call costs its program's time on the tuner's clock, and XLA's takes 1 s
   (its block-scaled FP8 dot took 21-49 ms a call on an H100, its ragged_dot 36 ms). Its
   calls timed beside each candidate are not counted: both candidates of the 0.5 s budget
   are timed, where counting them would have stopped after the first."""
-  class Clock:
-    now = 0.0
-
-    def perf_counter(self):
-      return self.now
-
   class ClockedTimer(FakeTimer):
     def time(self, f, args, iters, chunk=None):
       times = super().time(f, args, iters, chunk)
       self.clock.now += sum(times) / 1e3
       return times
 
-  clock = Clock()
-  monkeypatch.setattr(tuning, "time", clock)
   timer = ClockedTimer({"xla": 1000.0, "triton": 0.5}, clock=clock)
   with measuring(timer, budget_s=0.5, iters=2, candidates=2):
     report = measure.measure(jaxgemm.GemmProblem(1, 48, 40, 32, F32, F32, F32))
@@ -175,19 +173,11 @@ def test_a_slow_reference_does_not_spend_the_budget(fresh_measurement, rng, monk
   assert not report.out_of_time
 
 
-def test_the_budget_leaves_every_backend_its_first_candidate(fresh_measurement, monkeypatch):
+def test_the_budget_leaves_every_backend_its_first_candidate(fresh_measurement, clock):
   """Each timed call costs 1 s of the tuner's clock and the budget is 0.5 s. XLA's
   dequantize + bf16 dot (its candidate beside the reference) spends it; Triton's first
   kernel is still timed, and no backend's second. On an H100 the budget once ran out
   before Pallas's block-scaled kernel, the fastest in the fp8 suite, was ever timed."""
-  class Clock:
-    now = 0.0
-
-    def perf_counter(self):
-      return self.now
-
-  clock = Clock()
-  monkeypatch.setattr(tuning, "time", clock)
   timer = FakeTimer({"xla": 1.0, "triton": 0.5}, clock=clock, clock_s=1.0)
   e4m3 = np.dtype(jnp.float8_e4m3fn)
   problem = jaxgemm.ScaledMatmulProblem(1, 32, 32, 128, e4m3, np.dtype(jnp.bfloat16), F32,

@@ -33,7 +33,6 @@ import functools
 import os
 import statistics
 import sys
-import time
 
 if "--check" in sys.argv:   # before jax is imported
   os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + \
@@ -46,6 +45,7 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxgemm
+from jaxgemm.bench import sharded
 
 MODELS = {"8b": (8192, 4096, 14336), "70b": (8192, 8192, 28672)}
 SPECS = dict(x=P("tp", None), w1=P(None, "tp"), w2=P("tp", None), out=P("tp", None))
@@ -91,15 +91,9 @@ def training(forward):
 
 
 def wall_ms(f, args, iters: int) -> float:
+  """The median of back-to-back calls in blocks of 5 (the sharded suite's timer)."""
   jax.block_until_ready(f(*args))
-  blocks = []
-  for _ in range(5):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-      r = f(*args)
-    jax.block_until_ready(r)
-    blocks.append((time.perf_counter() - t0) * 1e3 / iters)
-  return statistics.median(blocks)
+  return statistics.median(sharded.PipelinedWallTimer().time(f, args, 5 * iters, chunk=iters))
 
 
 def check():

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import time
 import traceback
 
 import jax
@@ -25,20 +24,15 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxgemm.bench import sharded
+
 MODELS = {"8b": (8192, 4096, 14336), "70b": (8192, 8192, 28672)}
 
 
 def wall_ms(f, args, iters: int) -> float:
+  """The median of back-to-back calls in blocks of 5 (the sharded suite's timer)."""
   jax.block_until_ready(f(*args))
-  jax.block_until_ready(f(*args))
-  blocks = []
-  for _ in range(5):
-    t0 = time.perf_counter()
-    for _ in range(iters):
-      r = f(*args)
-    jax.block_until_ready(r)
-    blocks.append((time.perf_counter() - t0) * 1e3 / iters)
-  return statistics.median(blocks)
+  return statistics.median(sharded.PipelinedWallTimer().time(f, args, 5 * iters, chunk=iters))
 
 
 def main():
