@@ -153,7 +153,7 @@ def main():
   def floor_local(x, w1, w2, *dy):   # the local GEMMs alone: x tiled to every token
     tile = lambda t: jnp.concatenate([t] * n, axis=0)
     return form(reference)(tile(x), w1, w2, *map(tile, dy))
-  floor_specs = (SPECS["x"], SPECS["w1"], SPECS["w2"]) + ((SPECS["out"],) if dy_(a) else ())
+  floor_specs = (SPECS["x"], SPECS["w1"], SPECS["w2"]) + ((SPECS["out"],) if a.form != "fwd" else ())
   floor = jax.shard_map(floor_local, mesh=mesh, in_specs=floor_specs, check_vma=False,
                         out_specs=(P("tp", None) if a.form == "fwd" else
                                    (P("tp", None), P("tp", None), SPECS["w1"], SPECS["w2"])))
@@ -186,10 +186,6 @@ def main():
       if name not in ("xla", "floor"):
         eff = (rows["xla"] - ms) / (rows["xla"] - rows["floor"])
         print(f"  {name}: {rows['xla'] / ms:.3f}x XLA, overlap efficiency {eff:.2f}")
-
-
-def dy_(a) -> bool:
-  return a.form != "fwd"
 
 
 if __name__ == "__main__":
