@@ -9,7 +9,7 @@ keeps), in one process. A problem has one of two modes: "fwd", the contiguous gr
 (tokens (M, K) times each expert's (K, N), out (M, N)), and "wgrad", the ragged-K form, the
 weight gradient (tokens (M, K) and dY (M, N), out (G, K, N): per group x[rows g]^T @
 dy[rows g]; `ragged_dot_dimension_numbers=RAGGED_K_NUMBERS`). The functions below branch on
-it where the programs differ (`xla_grouped`, `jaxgemm_grouped`, `dimension_numbers`,
+it where the programs differ (`grouped_gemm`, `dimension_numbers`,
 `exact_fn`, `dequantize_rhs`); the names and shapes are the problem's.
 
 1. the group sizes: the moe suites' (`moe.group_sizes`: a Dirichlet(2) split of M with the
@@ -98,28 +98,20 @@ def dimension_numbers(bp: Fp8MoeProblem) -> lax.RaggedDotDimensionNumbers | None
   return RAGGED_K_NUMBERS if bp.wgrad else None
 
 
-def xla_grouped(bp: Fp8MoeProblem) -> Callable:
-  """XLA's grouped GEMM of the problem's mode in bf16, (lhs16, rhs16, gs) -> out:
-  lax.ragged_dot (fwd), lax.ragged_dot_general with the ragged-K numbers (wgrad)."""
+def grouped_gemm(bp: Fp8MoeProblem, lib) -> Callable:
+  """The bf16 grouped GEMM of the problem's mode from `lib` (`lax`: XLA's; `jaxgemm`: ours,
+  its default backend="auto"), (lhs16, rhs16, gs) -> out: `ragged_dot` (fwd),
+  `ragged_dot_general` with the ragged-K numbers (wgrad)."""
   if bp.wgrad:
-    return lambda lhs, rhs, gs: lax.ragged_dot_general(lhs, rhs, gs, RAGGED_K_NUMBERS,
+    return lambda lhs, rhs, gs: lib.ragged_dot_general(lhs, rhs, gs, RAGGED_K_NUMBERS,
                                                        preferred_element_type=OUT)
-  return lambda lhs, rhs, gs: lax.ragged_dot(lhs, rhs, gs, preferred_element_type=OUT)
-
-
-def jaxgemm_grouped(bp: Fp8MoeProblem) -> Callable:
-  """jaxgemm's bf16 grouped GEMM of the problem's mode (its default, backend="auto"):
-  jaxgemm.ragged_dot (fwd), jaxgemm.ragged_dot_general with the ragged-K numbers (wgrad)."""
-  if bp.wgrad:
-    return lambda lhs, rhs, gs: jaxgemm.ragged_dot_general(lhs, rhs, gs, RAGGED_K_NUMBERS,
-                                                           preferred_element_type=OUT)
-  return lambda lhs, rhs, gs: jaxgemm.ragged_dot(lhs, rhs, gs, preferred_element_type=OUT)
+  return lambda lhs, rhs, gs: lib.ragged_dot(lhs, rhs, gs, preferred_element_type=OUT)
 
 
 def ref_fn(bp: Fp8MoeProblem) -> Callable:
-  """XLA's reference (`bp.ref_variant`): its grouped GEMM (`xla_grouped`) in bf16 on the
+  """XLA's reference (`bp.ref_variant`): its grouped GEMM (`grouped_gemm(bp, lax)`) in bf16 on the
   operands dequantized beforehand."""
-  grouped = xla_grouped(bp)
+  grouped = grouped_gemm(bp, lax)
 
   def xla_ragged_dot_bf16(l8, r8, gs, sl, sr, l16, r16):
     return grouped(l16, r16, gs)
@@ -130,14 +122,14 @@ def peer_fn(bp: Fp8MoeProblem, variant: str) -> Callable:
   """A peer's program (`bp.peers`; module docstring, 4)."""
   (_, dequant), (_, bf16) = bp.peers
   if variant == dequant:
-    grouped = xla_grouped(bp)
+    grouped = grouped_gemm(bp, lax)
 
     def dequantize_ragged_dot(l8, r8, gs, sl, sr, *_):
       return grouped(dequantize_lhs(l8, sl, bp).astype(OUT),
                      dequantize_rhs(r8, sr, bp).astype(OUT), gs)
     return dequantize_ragged_dot
   if variant == bf16:
-    grouped = jaxgemm_grouped(bp)
+    grouped = grouped_gemm(bp, jaxgemm)
 
     def jaxgemm_ragged_dot_bf16(l8, r8, gs, sl, sr, l16, r16):
       return grouped(l16, r16, gs)
