@@ -7,7 +7,6 @@ first GEMM. Rows, each the wall clock of back-to-back calls on every GPU (ms):
   floor      the gathered x already on each device: the local GEMM alone
   jax/<cfg>  jax's own example kernel (jax.experimental.pallas.ops.gpu.collective_matmul_mgpu),
              the reference for what the kernel-level route gives here
-  ours/<cfg> jaxgemm's (kernels/pallas/collective_matmul.py), where it exists
 
     python research/overlap/mgpu_probe.py [--model 70b] [--iters 30]
 """
@@ -39,7 +38,6 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--model", default="70b", choices=sorted(MODELS))
   ap.add_argument("--iters", type=int, default=20)
-  ap.add_argument("--ours", action="store_true", help="also jaxgemm's kernel")
   a = ap.parse_args()
   s, d, f = MODELS[a.model]
   n = jax.device_count()
@@ -91,12 +89,6 @@ def main():
                                           config=cfg, dtype=jnp.bfloat16),
                         in_specs=(P("x", None), P(None, "x"))))
       row(f"jax/{tm}x{tn} minor={minor.name} w={width} wg={wg.name}", fn, (x, w))
-  if a.ours:
-    from jaxgemm.kernels.pallas import collective_matmul as ours  # noqa: PLC0415
-    for cfg in ours.probe_configs():
-      fn = jax.jit(smap(functools.partial(ours.all_gather_matmul, axis_name="x", config=cfg),
-                        in_specs=(P("x", None), P(None, "x"))))
-      row(f"ours/{cfg}", fn, (x, w))
   if "xla" in rows and "floor" in rows:
     for name, ms in rows.items():
       if name not in ("xla", "floor"):
